@@ -1,0 +1,196 @@
+"""The communicator seam: the one interface every backend implements.
+
+Everything above this layer (examples, collectives built from point-to-point, gradient
+synchronisation, the trainer, the benchmarks) talks to a :class:`Communicator` that it is
+handed explicitly. Three implementations exist:
+
+* :class:`~mpi_sgd.comm.mpi.MPIComm`: mpi4py's buffer (uppercase) methods, zero-copy on
+  contiguous CPU torch tensors and numpy arrays. The default.
+* :class:`~mpi_sgd.comm.torch_dist.TorchDistComm`: ``torch.distributed`` with the mpi, gloo or
+  nccl backend.
+* :class:`~mpi_sgd.comm.local.LocalComm`: world size 1, so ``python script.py`` runs the same
+  code as ``mpiexec -n 4 python script.py``.
+
+Buffer conventions (the same on every backend):
+
+* ``allreduce``/``iallreduce``/``broadcast``/``reduce`` work **in place** on ``buf`` and return it.
+* ``gather``/``allgather`` fill ``recvbuf`` whose first dimension is ``size`` (one slot per
+  rank); ``scatter`` sends slot ``i`` of the root's ``sendbuf`` to rank ``i``.
+* ``reduce_scatter`` reduces ``sendbuf`` (length ``sum(counts)``, flattened) across ranks and
+  leaves segment ``rank`` in ``recvbuf``; ``counts`` defaults to an equal split.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable, Sequence
+from typing import Any
+
+OPS = ("sum", "avg", "min", "max", "prod")
+
+
+class CommError(RuntimeError):
+    """A communication call was given something it cannot send (wrong dtype, device, layout)."""
+
+
+class CollectiveMismatchError(CommError):
+    """Ranks entered the same collective with different shapes, dtypes, ops or roots."""
+
+
+def check_op(op: str) -> str:
+    if op not in OPS:
+        raise ValueError(f"unknown reduction op {op!r}; choose one of {', '.join(OPS)}")
+    return op
+
+
+def split_counts(n: int, parts: int) -> list[int]:
+    """Split ``n`` items into ``parts`` contiguous segments whose sizes differ by at most one.
+
+    The first ``n % parts`` segments get the extra item, as ``numpy.array_split`` does, so any
+    length works at any world size, including ``n < parts`` (trailing segments are empty).
+    """
+    base, extra = divmod(n, parts)
+    return [base + (1 if i < extra else 0) for i in range(parts)]
+
+
+def displacements(counts: Sequence[int]) -> list[int]:
+    out, acc = [], 0
+    for c in counts:
+        out.append(acc)
+        acc += c
+    return out
+
+
+class Request:
+    """A pending non-blocking operation.
+
+    ``wait()`` blocks until it completes and then runs the finaliser (for example the division
+    that turns a sum into an average), exactly once. The request also keeps the buffers it
+    uses alive until then, since the transport reads and writes them behind Python's back.
+    """
+
+    __slots__ = ("_handle", "_wait", "_test", "_finish", "_keep", "_done")
+
+    def __init__(
+        self,
+        handle: Any,
+        wait: Callable[[Any], None],
+        test: Callable[[Any], bool],
+        finish: Callable[[], None] | None = None,
+        keep: Any = None,
+    ):
+        self._handle, self._wait, self._test = handle, wait, test
+        self._finish, self._keep, self._done = finish, keep, False
+
+    @classmethod
+    def completed(cls, finish: Callable[[], None] | None = None) -> Request:
+        """A request that is already done (size-1 worlds and blocking fallbacks)."""
+        req = cls(None, lambda h: None, lambda h: True, finish)
+        return req
+
+    def _complete(self) -> None:
+        self._done = True
+        if self._finish is not None:
+            self._finish()
+        self._handle = self._keep = self._finish = None
+
+    def wait(self) -> None:
+        if not self._done:
+            self._wait(self._handle)
+            self._complete()
+
+    def test(self) -> bool:
+        """Poll once without blocking. Polling also drives MPI's progress engine."""
+        if not self._done and self._test(self._handle):
+            self._complete()
+        return self._done
+
+    @property
+    def done(self) -> bool:
+        return self._done
+
+    @staticmethod
+    def waitall(requests: Sequence[Request]) -> None:
+        for r in requests:
+            r.wait()
+
+
+class Communicator(abc.ABC):
+    """The seam. Subclasses set ``rank``, ``size``, ``local_rank``, ``local_size`` and ``backend``."""
+
+    rank: int
+    size: int
+    local_rank: int
+    local_size: int
+    backend: str
+
+    @property
+    def is_root(self) -> bool:
+        """Rank 0: the one rank that logs, draws progress bars and writes checkpoints."""
+        return self.rank == 0
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} backend={self.backend} rank={self.rank}/{self.size}>"
+
+    # -- point to point -------------------------------------------------------------------
+    @abc.abstractmethod
+    def send(self, buf, dest: int, tag: int = 0) -> None: ...
+
+    @abc.abstractmethod
+    def recv(self, buf, source: int, tag: int = 0): ...
+
+    @abc.abstractmethod
+    def isend(self, buf, dest: int, tag: int = 0) -> Request: ...
+
+    @abc.abstractmethod
+    def irecv(self, buf, source: int, tag: int = 0) -> Request: ...
+
+    # -- collectives ----------------------------------------------------------------------
+    @abc.abstractmethod
+    def allreduce(self, buf, op: str = "sum"): ...
+
+    @abc.abstractmethod
+    def iallreduce(self, buf, op: str = "sum") -> Request: ...
+
+    @abc.abstractmethod
+    def broadcast(self, buf, root: int = 0): ...
+
+    @abc.abstractmethod
+    def reduce(self, buf, op: str = "sum", root: int = 0): ...
+
+    @abc.abstractmethod
+    def gather(self, sendbuf, recvbuf=None, root: int = 0): ...
+
+    @abc.abstractmethod
+    def allgather(self, sendbuf, recvbuf): ...
+
+    @abc.abstractmethod
+    def scatter(self, sendbuf, recvbuf, root: int = 0): ...
+
+    @abc.abstractmethod
+    def reduce_scatter(self, sendbuf, recvbuf, counts: Sequence[int] | None = None, op: str = "sum"): ...
+
+    @abc.abstractmethod
+    def barrier(self) -> None: ...
+
+    @abc.abstractmethod
+    def abort(self, code: int = 1) -> None:
+        """End every rank of the job now. Used when one rank fails so the others do not hang."""
+
+    # -- small Python objects (pickled; for metadata, never for tensors on a hot path) -----
+    @abc.abstractmethod
+    def bcast_obj(self, obj: Any, root: int = 0) -> Any: ...
+
+    @abc.abstractmethod
+    def allgather_obj(self, obj: Any) -> list: ...
+
+    def gather_obj(self, obj: Any, root: int = 0) -> list | None:
+        """Objects from every rank on ``root`` (``None`` elsewhere)."""
+        objs = self.allgather_obj(obj)
+        return objs if self.rank == root else None
+
+    def wtime(self) -> float:
+        """Wall-clock seconds, the clock benchmarks read (``MPI.Wtime`` where MPI is up)."""
+        import time
+
+        return time.perf_counter()

@@ -1,0 +1,108 @@
+"""Turning torch tensors and numpy arrays into memory MPI can read, without copying.
+
+A contiguous CPU tensor and its ``.numpy()`` view share storage, so handing the view to
+mpi4py's buffer methods is zero-copy. ``.numpy()`` costs under a microsecond; passing the
+tensor itself goes through DLPack in mpi4py and measured about 14 us more per call here, which
+is why the fast path below is the view.
+
+The fast path does no checks of its own: ``.numpy()`` already refuses CUDA tensors and dtypes
+numpy lacks (bfloat16), and mpi4py refuses non-contiguous arrays. Only when one of those
+refuses do we work out *why* and raise a :class:`CommError` that says what to do instead, so
+validation costs nothing on the calls that succeed.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from .base import CommError
+
+try:  # torch is a dependency, but keep the MPI layer importable without it
+    import torch
+except ImportError:  # pragma: no cover
+    torch = None
+
+
+def cuda_aware_declared() -> bool:
+    """Whether the user declared the MPI library CUDA-aware (``MPI_SGD_CUDA_AWARE=1``).
+
+    mpi4py has no portable query for CUDA support (MPICH and Open MPI each ship their own
+    extension), so CUDA tensors go to MPI only when the user says the library handles them.
+    """
+    return os.environ.get("MPI_SGD_CUDA_AWARE", "0") not in ("", "0", "false", "no")
+
+
+def diagnose(buf) -> CommError:
+    """Explain why ``buf`` cannot be handed to MPI as it is."""
+    if torch is not None and isinstance(buf, torch.Tensor):
+        if buf.is_cuda or buf.device.type not in ("cpu",):
+            return CommError(
+                f"tensor on {buf.device} given to the mpi4py backend, and this MPI is not declared "
+                "CUDA-aware. Use the nccl backend for GPU tensors, move the tensor to the CPU, or set "
+                "MPI_SGD_CUDA_AWARE=1 if your MPI library was built with CUDA support."
+            )
+        if buf.dtype in (torch.bfloat16,) or not _numpy_dtype_ok(buf.dtype):
+            return CommError(
+                f"dtype {buf.dtype} has no MPI datatype; convert explicitly, e.g. t.float() "
+                "before the collective and back afterwards."
+            )
+        if not buf.is_contiguous():
+            return CommError(
+                f"tensor of shape {tuple(buf.shape)} and strides {buf.stride()} is not contiguous; "
+                "MPI needs one dense block of memory. Call .contiguous() (that copies) or "
+                "communicate the base tensor instead."
+            )
+        if buf.requires_grad:
+            return CommError(
+                "tensor requires grad; communicate t.data or t.detach() (same memory), not the "
+                "autograd leaf itself."
+            )
+    if isinstance(buf, np.ndarray):
+        if not buf.flags.c_contiguous:
+            return CommError(
+                f"array of shape {buf.shape} and strides {buf.strides} is not C-contiguous; "
+                "use np.ascontiguousarray (that copies) or communicate the base array."
+            )
+        from mpi4py import MPI
+
+        try:
+            MPI.Datatype.fromcode(buf.dtype.char)
+        except (KeyError, ValueError):
+            return CommError(f"dtype {buf.dtype} has no MPI datatype in this MPI library; convert it first.")
+    if not isinstance(buf, np.ndarray) and (torch is None or not isinstance(buf, torch.Tensor)):
+        return CommError(f"expected a torch.Tensor or numpy.ndarray, got {type(buf).__name__}")
+    return CommError(f"cannot communicate {type(buf).__name__} of dtype {buf.dtype}")
+
+
+def _numpy_dtype_ok(dtype) -> bool:
+    try:
+        torch.empty(0, dtype=dtype).numpy()
+    except (TypeError, RuntimeError):
+        return False
+    return True
+
+
+def as_array(buf) -> np.ndarray:
+    """A numpy view sharing ``buf``'s memory. Raises :class:`CommError` with a fix if impossible."""
+    if isinstance(buf, np.ndarray):
+        if buf.flags.c_contiguous:
+            return buf
+        raise diagnose(buf)
+    try:
+        view = buf.numpy()
+    except (TypeError, RuntimeError, AttributeError):
+        if torch is not None and isinstance(buf, torch.Tensor) and buf.is_cuda and cuda_aware_declared():
+            return buf  # mpi4py reads __cuda_array_interface__ / DLPack itself
+        raise diagnose(buf) from None
+    if not view.flags.c_contiguous:
+        raise diagnose(buf)
+    return view
+
+
+def signature(buf) -> tuple:
+    """(shape, dtype) as plain strings: what must agree across ranks for a collective."""
+    if buf is None:
+        return (None, None)
+    return (tuple(buf.shape), str(buf.dtype).replace("torch.", ""))

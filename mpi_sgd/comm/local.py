@@ -1,0 +1,119 @@
+"""World size 1 without MPI: what ``python script.py`` gets.
+
+Every collective over one rank is a copy or nothing at all, so this backend needs no MPI
+library and works on any device. It keeps the seam's contracts exactly (in place, ``recvbuf``
+shapes, "avg" only on floating dtypes) so that code tested here behaves the same under mpiexec.
+Messages a rank sends to itself are buffered, as an MPI eager send to self would be.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict, deque
+
+from .base import CommError, Communicator, Request, check_op, split_counts
+
+
+def _is_floating(buf) -> bool:
+    dtype = buf.dtype
+    return getattr(dtype, "is_floating_point", None) or getattr(dtype, "kind", "") in "fc"
+
+
+def _check_rank(peer: int, what: str) -> None:
+    if peer != 0:
+        raise CommError(f"{what} rank {peer} does not exist in a world of size 1")
+
+
+class LocalComm(Communicator):
+    backend = "local"
+
+    def __init__(self):
+        self.rank, self.size, self.local_rank, self.local_size = 0, 1, 0, 1
+        self._mailbox: dict[int, deque] = defaultdict(deque)  # tag -> sent copies
+        self._waiting: dict[int, deque] = defaultdict(deque)  # tag -> posted receives
+
+    # -- point to point (to self) ---------------------------------------------------------
+    def isend(self, buf, dest, tag=0):
+        _check_rank(dest, "destination")
+        if self._waiting[tag]:
+            self._waiting[tag].popleft()[...] = buf
+        else:
+            self._mailbox[tag].append(buf.clone() if hasattr(buf, "clone") else buf.copy())
+        return Request.completed()
+
+    def irecv(self, buf, source, tag=0):
+        _check_rank(source, "source")
+        if self._mailbox[tag]:
+            buf[...] = self._mailbox[tag].popleft()
+            return Request.completed()
+        self._waiting[tag].append(buf)
+
+        def wait(_):
+            if any(b is buf for b in self._waiting[tag]):
+                raise CommError(f"receive from self (tag {tag}) has no matching send: it would wait forever")
+
+        return Request(None, wait, lambda _: not any(b is buf for b in self._waiting[tag]))
+
+    def send(self, buf, dest, tag=0):
+        self.isend(buf, dest, tag)
+
+    def recv(self, buf, source, tag=0):
+        self.irecv(buf, source, tag).wait()
+        return buf
+
+    # -- collectives ----------------------------------------------------------------------
+    def allreduce(self, buf, op="sum"):
+        check_op(op)
+        if op == "avg" and not _is_floating(buf):
+            raise TypeError(f"op 'avg' needs a floating dtype, got {buf.dtype}; use 'sum' and divide yourself")
+        return buf
+
+    def iallreduce(self, buf, op="sum"):
+        self.allreduce(buf, op)
+        return Request.completed()
+
+    def broadcast(self, buf, root=0):
+        _check_rank(root, "root")
+        return buf
+
+    def reduce(self, buf, op="sum", root=0):
+        _check_rank(root, "root")
+        return self.allreduce(buf, op)
+
+    def gather(self, sendbuf, recvbuf=None, root=0):
+        _check_rank(root, "root")
+        recvbuf[0] = sendbuf
+        return recvbuf
+
+    def allgather(self, sendbuf, recvbuf):
+        recvbuf[0] = sendbuf
+        return recvbuf
+
+    def scatter(self, sendbuf, recvbuf, root=0):
+        _check_rank(root, "root")
+        recvbuf[...] = sendbuf[0]
+        return recvbuf
+
+    def reduce_scatter(self, sendbuf, recvbuf, counts=None, op="sum"):
+        self.allreduce(sendbuf, op)
+        flat = sendbuf.reshape(-1)
+        n = split_counts(flat.shape[0], 1)[0] if counts is None else list(counts)[0]
+        recvbuf.reshape(-1)[...] = flat[:n]
+        return recvbuf
+
+    def barrier(self):
+        pass
+
+    def abort(self, code=1):
+        raise SystemExit(code)
+
+    # -- objects --------------------------------------------------------------------------
+    def bcast_obj(self, obj, root=0):
+        _check_rank(root, "root")
+        return obj
+
+    def allgather_obj(self, obj):
+        return [obj]
+
+    def wtime(self):
+        return time.perf_counter()

@@ -1,0 +1,231 @@
+"""``torch.distributed`` behind the same seam: the mpi, gloo and nccl backends.
+
+Processes are still launched by ``mpiexec``; mpi4py tells each one its rank and world size
+and carries the rendezvous (rank 0's address and a free port) to everyone, so no
+``MASTER_ADDR``/``MASTER_PORT`` needs setting by hand. Where those variables are already set
+(a torchrun launch) they are used as they are.
+
+What each backend lacks is filled in here, and nowhere else:
+
+* gloo and mpi have no "avg" op: SUM, then divide in place.
+* gloo has no reduce_scatter, and none of the backends has one with uneven segments: those
+  fall back to an all-reduce of a copy and a slice (correct, but moves ``size`` times more data).
+* The pip wheels of torch are built without the MPI backend; asking for it there fails with a
+  message saying so (use ``mpi4py``, the default, or gloo).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from .base import CommError, Communicator, Request, check_op, displacements, split_counts
+
+BACKENDS = ("gloo", "mpi", "nccl")
+
+
+def _t(buf):
+    """numpy arrays travel as tensors sharing their memory."""
+    return torch.from_numpy(buf) if isinstance(buf, np.ndarray) else buf
+
+
+def _work_wait(work) -> None:
+    work.wait()
+
+
+def _work_test(work) -> bool:
+    return work.is_completed()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def _routable_address() -> str:
+    """An address of this host that the other hosts can reach (not 127.0.1.1 from /etc/hosts)."""
+    host = socket.gethostname()
+    try:
+        addr = socket.gethostbyname(host)
+    except OSError:
+        addr = "127.0.0.1"
+    if addr.startswith("127."):
+        # Ask the kernel which interface it would use to leave the host; no packet is sent.
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            try:
+                s.connect(("192.0.2.1", 9))  # TEST-NET-1: routing lookup only
+                addr = s.getsockname()[0]
+            except OSError:
+                pass
+    return addr
+
+
+def backend_available(name: str) -> bool:
+    return {"gloo": dist.is_gloo_available, "mpi": dist.is_mpi_available, "nccl": dist.is_nccl_available}[
+        name
+    ]()
+
+
+class TorchDistComm(Communicator):
+    """A :class:`Communicator` over ``torch.distributed``'s default process group.
+
+    ``mpi`` is an :class:`~mpi_sgd.comm.mpi.MPIComm` of the same job; it supplies rank, size,
+    local rank and the rendezvous, and ``abort`` (torch.distributed has no job-wide abort).
+    """
+
+    def __init__(self, backend: str, mpi: Communicator, timeout_s: float = 300.0):
+        if backend not in BACKENDS:
+            raise ValueError(f"unknown torch.distributed backend {backend!r}; choose one of {BACKENDS}")
+        if not backend_available(backend):
+            hint = {
+                "mpi": "this torch was built without MPI (the pip wheels are); build torch from source "
+                "against your MPI, or use --backend mpi4py (the default) or gloo",
+                "nccl": "this torch has no NCCL (a CPU build, or no CUDA); use gloo or mpi4py",
+                "gloo": "this torch was built without gloo",
+            }[backend]
+            raise CommError(f"torch.distributed backend {backend!r} is not available: {hint}")
+        self.backend = backend
+        self.mpi = mpi
+        self.rank, self.size = mpi.rank, mpi.size
+        self.local_rank, self.local_size = mpi.local_rank, mpi.local_size
+        if not dist.is_initialized():
+            self._init_process_group(timeout_s)
+        self.device = torch.device("cuda", self.local_rank) if backend == "nccl" else torch.device("cpu")
+        if backend == "nccl":
+            torch.cuda.set_device(self.device)
+
+    def _init_process_group(self, timeout_s: float) -> None:
+        import datetime
+
+        timeout = datetime.timedelta(seconds=timeout_s)
+        if self.backend == "mpi":  # torch's MPI backend reads rank and size from MPI itself
+            dist.init_process_group("mpi", timeout=timeout)
+            return
+        if "MASTER_ADDR" in os.environ and "MASTER_PORT" in os.environ:
+            addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+        else:
+            addr, port = self.mpi.bcast_obj((_routable_address(), _free_port()) if self.mpi.is_root else None)
+        dist.init_process_group(
+            self.backend,
+            init_method=f"tcp://{addr}:{port}",
+            rank=self.rank,
+            world_size=self.size,
+            timeout=timeout,
+        )
+
+    def close(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+    def _reduce_op(self, op: str):
+        check_op(op)
+        if op == "avg":
+            if self.backend == "nccl":
+                return dist.ReduceOp.AVG
+            return dist.ReduceOp.SUM
+        return {"sum": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX,
+                "prod": dist.ReduceOp.PRODUCT}[op]
+
+    def _needs_divide(self, op: str, buf) -> bool:
+        if op != "avg":
+            return False
+        if not buf.dtype.is_floating_point:
+            raise TypeError(f"op 'avg' needs a floating dtype, got {buf.dtype}; use 'sum' and divide yourself")
+        return self.backend != "nccl"
+
+    # -- point to point -------------------------------------------------------------------
+    def send(self, buf, dest, tag=0):
+        dist.send(_t(buf), dest, tag=tag)
+
+    def recv(self, buf, source, tag=0):
+        dist.recv(_t(buf), source, tag=tag)
+        return buf
+
+    def isend(self, buf, dest, tag=0):
+        t = _t(buf)
+        return Request(dist.isend(t, dest, tag=tag), _work_wait, _work_test, keep=t)
+
+    def irecv(self, buf, source, tag=0):
+        t = _t(buf)
+        return Request(dist.irecv(t, source, tag=tag), _work_wait, _work_test, keep=t)
+
+    # -- collectives ----------------------------------------------------------------------
+    def allreduce(self, buf, op="sum"):
+        t = _t(buf)
+        divide = self._needs_divide(op, t)
+        dist.all_reduce(t, self._reduce_op(op))
+        if divide:
+            t /= self.size
+        return buf
+
+    def iallreduce(self, buf, op="sum"):
+        t = _t(buf)
+        divide = self._needs_divide(op, t)
+        work = dist.all_reduce(t, self._reduce_op(op), async_op=True)
+        finish = (lambda: t.div_(self.size)) if divide else None
+        return Request(work, _work_wait, _work_test, finish, keep=t)
+
+    def broadcast(self, buf, root=0):
+        dist.broadcast(_t(buf), src=root)
+        return buf
+
+    def reduce(self, buf, op="sum", root=0):
+        t = _t(buf)
+        divide = self._needs_divide(op, t)
+        dist.reduce(t, dst=root, op=self._reduce_op(op))
+        if divide and self.rank == root:
+            t /= self.size
+        return buf
+
+    def gather(self, sendbuf, recvbuf=None, root=0):
+        slots = list(_t(recvbuf).unbind(0)) if self.rank == root else None
+        dist.gather(_t(sendbuf), gather_list=slots, dst=root)
+        return recvbuf
+
+    def allgather(self, sendbuf, recvbuf):
+        dist.all_gather(list(_t(recvbuf).unbind(0)), _t(sendbuf))
+        return recvbuf
+
+    def scatter(self, sendbuf, recvbuf, root=0):
+        slots = list(_t(sendbuf).unbind(0)) if self.rank == root else None
+        dist.scatter(_t(recvbuf), scatter_list=slots, src=root)
+        return recvbuf
+
+    def reduce_scatter(self, sendbuf, recvbuf, counts=None, op="sum"):
+        send, recv = _t(sendbuf).reshape(-1), _t(recvbuf).reshape(-1)
+        counts = list(counts) if counts is not None else split_counts(send.numel(), self.size)
+        if self.backend == "nccl" and len(set(counts)) == 1:
+            divide = self._needs_divide(op, recv)
+            dist.reduce_scatter_tensor(recv, send, op=self._reduce_op(op))
+            if divide:
+                recv /= self.size
+            return recvbuf
+        total = send.clone()  # gloo/mpi, or uneven segments: all-reduce a copy, keep our slice
+        self.allreduce(total, op)
+        start = displacements(counts)[self.rank]
+        recv.copy_(total[start : start + counts[self.rank]])
+        return recvbuf
+
+    def barrier(self):
+        dist.barrier()
+
+    def abort(self, code=1):
+        self.mpi.abort(code)
+
+    # -- objects --------------------------------------------------------------------------
+    def bcast_obj(self, obj, root=0):
+        return self.mpi.bcast_obj(obj, root)
+
+    def allgather_obj(self, obj):
+        return self.mpi.allgather_obj(obj)
+
+    def wtime(self):
+        if self.backend == "nccl":
+            torch.cuda.synchronize()  # kernels are asynchronous: read the clock when they are done
+        return time.perf_counter()

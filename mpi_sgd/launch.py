@@ -1,0 +1,97 @@
+"""Where this process sits in the job, and what happens when it fails.
+
+Launchers announce rank and size in environment variables of their own. They are read here,
+in one place, for the code that must know them before any communicator exists (choosing a
+GPU before NCCL starts, say). Once MPI is up, :class:`~mpi_sgd.comm.mpi.MPIComm` asks MPI
+itself, which is authoritative.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import sys
+import traceback
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Placement:
+    rank: int
+    size: int
+    local_rank: int
+    local_size: int
+    launcher: str
+
+
+# Checked in this order: an mpiexec run inside a Slurm allocation inherits SLURM_* variables of
+# the batch step (SLURM_PROCID=0 on every rank), so the MPI launcher's own variables win.
+_LAUNCHERS = (
+    ("openmpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+     "OMPI_COMM_WORLD_LOCAL_SIZE"),
+    ("hydra", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"),
+    ("slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", None),
+    ("torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"),
+)
+
+
+def _slurm_local_size(env: Mapping[str, str]) -> int:
+    """Tasks on this node. SLURM_TASKS_PER_NODE reads like '2(x3),1'; SLURM_NODEID picks the entry."""
+    if "SLURM_NTASKS_PER_NODE" in env:
+        return int(env["SLURM_NTASKS_PER_NODE"])
+    per_node: list[int] = []
+    for part in env.get("SLURM_TASKS_PER_NODE", "").split(","):
+        m = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", part.strip())
+        if m:
+            per_node += [int(m.group(1))] * int(m.group(2) or 1)
+    node = int(env.get("SLURM_NODEID", 0))
+    return per_node[node] if node < len(per_node) else 1
+
+
+def placement(env: Mapping[str, str] | None = None) -> Placement:
+    """Rank, size, local rank and local size as the launcher announced them (1 process if none)."""
+    env = os.environ if env is None else env
+    for name, rank, size, local_rank, local_size in _LAUNCHERS:
+        if rank in env and size in env:
+            lr = int(env.get(local_rank, 0))
+            if local_size is None:
+                ls = _slurm_local_size(env)
+            else:
+                ls = int(env.get(local_size, 1))
+            return Placement(int(env[rank]), int(env[size]), lr, ls, name)
+    return Placement(0, 1, 0, 1, "none")
+
+
+def install_abort_hook(comm) -> None:
+    """Make an uncaught exception on any rank end the whole job, naming the rank.
+
+    Without this, a rank that raises simply exits while the others wait in their next
+    collective forever. ``python -m mpi4py script.py`` does the same; this hook makes plain
+    ``mpiexec python script.py`` safe as well.
+    """
+    if comm.size == 1:
+        return
+
+    def hook(kind, value, tb):
+        text = "".join(traceback.format_exception(kind, value, tb))
+        sys.stderr.write(f"mpi_sgd: rank {comm.rank} of {comm.size} on {socket.gethostname()} failed; "
+                         f"aborting the job.\n{text}")
+        sys.stderr.flush()
+        comm.abort(1)
+
+    sys.excepthook = hook
+
+
+def pin_threads(local_size: int) -> int:
+    """Give each rank on a node its share of the cores, unless the user chose (OMP_NUM_THREADS).
+
+    torch starts one intra-op thread per core in every process; four ranks on two cores would
+    otherwise run eight busy threads and time each other's context switches.
+    """
+    import torch
+
+    if "OMP_NUM_THREADS" not in os.environ:
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, local_size)))
+    return torch.get_num_threads()
