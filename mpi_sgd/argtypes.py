@@ -1,0 +1,59 @@
+"""argparse ``type=`` functions that reject bad values with a clear message.
+
+argparse turns the :class:`argparse.ArgumentTypeError` they raise into the usage plus the
+message and exit status 2, before the program does anything else, on every rank alike.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+
+def _number(text: str, kind=float):
+    try:
+        value = kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if kind is float and not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"not a finite number: {text!r}")
+    return value
+
+
+def nonneg_float(text: str) -> float:
+    value = _number(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    value = _number(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    value = _number(text, int)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {text}")
+    return value
+
+
+def positive_ints(text: str) -> list[int]:
+    """'1,2,4,8' -> [1, 2, 4, 8]: each at least 1, duplicates dropped, order kept."""
+    values = [positive_int(part.strip()) for part in text.split(",") if part.strip()]
+    if not values:
+        raise argparse.ArgumentTypeError(f"expected a comma-separated list of integers, got {text!r}")
+    return list(dict.fromkeys(values))
+
+
+def nbytes(text: str) -> int:
+    """'4096', '64KiB', '16MiB', '1GiB' -> bytes. 'MB' is read as MiB, as OSU does."""
+    s = text.strip().upper().replace(" ", "").removesuffix("B").removesuffix("I")
+    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(s[-1:], 1)
+    value = _number(s[:-1] if scale > 1 else s)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"size must be positive, got {text!r}")
+    return int(value * scale)
