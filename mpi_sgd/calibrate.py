@@ -93,16 +93,26 @@ class Calibration:
         return Compute(self.step.seconds, self.step.batch)
 
     def to_dict(self) -> dict:
-        return {"format": FORMAT, "network": asdict(self.network), "algorithm": self.algorithm,
-                "step": asdict(self.step) if self.step else None,
-                "sweep": [asdict(p) for p in self.sweep], "meta": self.meta}
+        return {
+            "format": FORMAT,
+            "network": asdict(self.network),
+            "algorithm": self.algorithm,
+            "step": asdict(self.step) if self.step else None,
+            "sweep": [asdict(p) for p in self.sweep],
+            "meta": self.meta,
+        }
 
     @classmethod
     def from_dict(cls, d: dict) -> Calibration:
         if d.get("format") != FORMAT:
             raise ValueError(f"not a calibration file (format {d.get('format')!r}, expected {FORMAT!r})")
-        return cls(Network(**d["network"]), d["algorithm"], StepTiming(**d["step"]) if d.get("step") else None,
-                   tuple(SweepPoint(**p) for p in d.get("sweep", ())), d.get("meta", {}))
+        return cls(
+            Network(**d["network"]),
+            d["algorithm"],
+            StepTiming(**d["step"]) if d.get("step") else None,
+            tuple(SweepPoint(**p) for p in d.get("sweep", ())),
+            d.get("meta", {}),
+        )
 
     def save(self, path: str | os.PathLike) -> Path:
         path = Path(path)
@@ -151,8 +161,10 @@ def fit_network(points: Sequence[SweepPoint], gamma: float | None = None, name: 
         t = t - gamma * a[:, 2]
         a = a[:, :2]
     if np.linalg.matrix_rank(a / a.max(axis=0).clip(min=1e-300)) < a.shape[1]:
-        raise ValueError("β and γ cannot be told apart from these points (their coefficients are "
-                         "proportional); measure γ with measure_gamma() and pass it, or pass gamma=0")
+        raise ValueError(
+            "β and γ cannot be told apart from these points (their coefficients are "
+            "proportional); measure γ with measure_gamma() and pass it, or pass gamma=0"
+        )
     w = 1.0 / np.array([p.avg_s for p in points])  # relative error: every size counts
     x = _nonneg_lstsq(a * w[:, None], t * w)
     alpha, beta = float(x[0]), float(x[1])
@@ -183,7 +195,9 @@ def _iterations(nbytes: int) -> int:
     return max(10, min(200, (32 << 20) // max(nbytes, 1)))
 
 
-def measure_allreduce(comm, sizes: Sequence[int], rounds: int = 5, algorithm: str = "ring") -> list[SweepPoint]:
+def measure_allreduce(
+    comm, sizes: Sequence[int], rounds: int = 5, algorithm: str = "ring"
+) -> list[SweepPoint]:
     """Time ``comm.allreduce`` on float32 torch tensors of each size, the OSU way.
 
     Per size: warm-up calls discarded, then ``rounds`` blocks each opened by a barrier and timed
@@ -207,12 +221,15 @@ def measure_allreduce(comm, sizes: Sequence[int], rounds: int = 5, algorithm: st
                 comm.allreduce(buf)
             blocks.append((comm.wtime() - t0) / per_block)
         values = comm.allgather_obj(statistics.median(blocks))
-        points.append(SweepPoint(buf.numel() * 4, comm.size, min(values), sum(values) / len(values),
-                                 max(values), algorithm))
+        points.append(
+            SweepPoint(
+                buf.numel() * 4, comm.size, min(values), sum(values) / len(values), max(values), algorithm
+            )
+        )
     return points
 
 
-def measure_gamma(sizes: Sequence[int] = (1 << 16, 1 << 18, 1 << 20, 1 << 22), repeats: int = 20) -> float:
+def measure_gamma(sizes: Sequence[int] = (1 << 20, 1 << 22, 1 << 24), repeats: int = 10) -> float:
     """γ, seconds per byte reduced: the slope of ``numpy.add(a, b, out=a)`` time against bytes."""
     times = []
     for nbytes in sizes:
@@ -232,15 +249,16 @@ def mlp(sizes: Sequence[int] = (784, 1024, 1024, 10)):
     import torch.nn as nn
 
     layers = []
-    for i, (n_in, n_out) in enumerate(zip(sizes[:-1], sizes[1:])):
+    for i, (n_in, n_out) in enumerate(zip(sizes[:-1], sizes[1:], strict=False)):
         layers.append(nn.Linear(n_in, n_out))
         if i < len(sizes) - 2:
             layers.append(nn.ReLU())
     return nn.Sequential(*layers)
 
 
-def measure_step(model, batch: int, in_features: int, classes: int, warmup: int = 5, iterations: int = 20,
-                 name: str = "") -> StepTiming:
+def measure_step(
+    model, batch: int, in_features: int, classes: int, warmup: int = 5, iterations: int = 20, name: str = ""
+) -> StepTiming:
     """Median seconds of one SGD step (forward, backward, momentum update) on random data."""
     import torch
 
@@ -259,8 +277,13 @@ def measure_step(model, batch: int, in_features: int, classes: int, warmup: int 
     return StepTiming(statistics.median(samples), batch, params, name, torch.get_num_threads())
 
 
-def calibrate(comm, sizes: Sequence[int] | None = None, layers: Sequence[int] = (784, 1024, 1024, 10),
-              batch: int = 64, algorithm: str = "ring") -> Calibration:
+def calibrate(
+    comm,
+    sizes: Sequence[int] | None = None,
+    layers: Sequence[int] = (784, 1024, 1024, 10),
+    batch: int = 64,
+    algorithm: str = "ring",
+) -> Calibration:
     """Measure T_comp on every rank (the slowest sets the pace) and, at two or more ranks, α, β, γ.
 
     Collective: every rank must call it. At one rank only T_comp and γ are measured, and the
@@ -275,14 +298,23 @@ def calibrate(comm, sizes: Sequence[int] | None = None, layers: Sequence[int] = 
     step = measure_step(mlp(layers), batch, layers[0], layers[-1], name="mlp " + "-".join(map(str, layers)))
     slowest = max(comm.allgather_obj(step.seconds))
     step = StepTiming(slowest, step.batch, step.params, step.model, step.torch_threads)
-    gamma = measure_gamma()
+    # Every rank must fit with the same γ to end with the same network; ranks reduce concurrently in
+    # training too, so their mean is the figure that applies.
+    gammas = comm.allgather_obj(measure_gamma())
+    gamma = sum(gammas) / len(gammas)
     sweep: list[SweepPoint] = []
     network = Network(0.0, 0.0, gamma, "one rank: nothing measured")
     if comm.size > 1:
         sweep = measure_allreduce(comm, sizes or sweep_sizes(), algorithm=algorithm)
         network = fit_network(sweep, gamma=gamma, name=f"measured, {comm.size} ranks, {comm.backend}")
-    meta = {"host": platform.node(), "ranks": comm.size, "local_ranks": comm.local_size, "backend": comm.backend,
-            "mpi": _mpi_library(), "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+    meta = {
+        "host": platform.node(),
+        "ranks": comm.size,
+        "local_ranks": comm.local_size,
+        "backend": comm.backend,
+        "mpi": _mpi_library(),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
     return Calibration(network, algorithm, step, tuple(sweep), meta)
 
 

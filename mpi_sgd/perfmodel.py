@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 SCALINGS = ("weak", "strong")
 ALLREDUCE_ALGORITHMS = ("ring", "recursive_doubling", "rabenseifner")
@@ -72,16 +72,21 @@ def break_even_ranks(t_comp: float, t_sync: float) -> int:
 
 @dataclass(frozen=True)
 class Compute:
-    """One rank's seconds per step (forward + backward + optimizer step) at per-rank batch ``batch``."""
+    """One rank's seconds per step (forward + backward + optimizer step) at per-rank batch ``batch``.
+
+    Leave ``batch`` out when ``t_comp`` was measured at the batch the table is for (a trainer's
+    own per-step figure): :func:`scaling` then takes it as that batch.
+    """
 
     t_comp: float
-    batch: int = 1
+    batch: int | None = None
     t_fixed: float = 0.0  # the part that does not shrink with the batch
 
     def __post_init__(self):
         _check_time("t_comp", self.t_comp)
         _check_time("t_fixed", self.t_fixed)
-        _check_count("batch", self.batch)
+        if self.batch is not None:
+            _check_count("batch", self.batch)
         if self.t_comp <= 0:
             raise ValueError("t_comp must be positive: a step that costs nothing cannot be sped up")
         if self.t_fixed > self.t_comp:
@@ -89,6 +94,8 @@ class Compute:
 
     def at_batch(self, batch: float) -> float:
         """Seconds per step at another per-rank batch, linear in the batch."""
+        if self.batch is None:
+            raise ValueError("this Compute does not say which batch t_comp was measured at")
         return self.t_fixed + (self.t_comp - self.t_fixed) * batch / self.batch
 
 
@@ -119,7 +126,9 @@ class AllreduceSync:
     def __post_init__(self):
         _check_count("nbytes", self.nbytes, minimum=0)
         if self.algorithm not in ALLREDUCE_ALGORITHMS:
-            raise ValueError(f"unknown algorithm {self.algorithm!r}; choose one of {', '.join(ALLREDUCE_ALGORITHMS)}")
+            raise ValueError(
+                f"unknown algorithm {self.algorithm!r}; choose one of {', '.join(ALLREDUCE_ALGORITHMS)}"
+            )
 
     def __call__(self, ranks: int) -> float:
         return self.network.time(allreduce_coefficients(self.algorithm, self.nbytes, ranks))
@@ -168,7 +177,11 @@ def scaling(
     for r in ranks:
         _check_count("ranks", r)
         if mode == "strong" and r > batch:
-            raise ValueError(f"strong scaling splits the global batch {batch} over {r} ranks: fewer than 1 each")
+            raise ValueError(
+                f"strong scaling splits the global batch {batch} over {r} ranks: fewer than 1 each"
+            )
+    if compute.batch is None:
+        compute = replace(compute, batch=batch)
     t_step_1 = compute.at_batch(batch)
     points = []
     for r in ranks:
@@ -180,8 +193,11 @@ def scaling(
         steps = samples / (r * batch) if mode == "weak" else samples / batch
         faster = step_ratio * t_step_1  # compare by multiplication: exact at break-even
         s = 1.0 if r == 1 else faster / t_step
-        points.append(ScalingPoint(r, per_rank, steps, t_comp, t_sync, steps * t_step, s, s / r,
-                                   r > 1 and t_step < faster))
+        points.append(
+            ScalingPoint(
+                r, per_rank, steps, t_comp, t_sync, steps * t_step, s, s / r, r > 1 and t_step < faster
+            )
+        )
     return points
 
 
@@ -195,8 +211,9 @@ class Coefficients:
     compute: float = 0.0
 
     def __add__(self, other: Coefficients) -> Coefficients:
-        return Coefficients(self.latency + other.latency, self.bandwidth + other.bandwidth,
-                            self.compute + other.compute)
+        return Coefficients(
+            self.latency + other.latency, self.bandwidth + other.bandwidth, self.compute + other.compute
+        )
 
 
 @dataclass(frozen=True)
@@ -222,9 +239,11 @@ class Network:
         return c.latency * self.alpha + c.bandwidth * self.beta + c.compute * self.gamma
 
     def describe(self) -> str:
+        def rate(per_byte: float) -> str:  # 1/beta and 1/gamma read better as GB/s
+            return f"{1e-9 / per_byte:.3g} GB/s" if per_byte else "free"
+
         label = f"{self.name}: " if self.name else ""
-        return (f"{label}alpha {self.alpha * 1e6:.3g} us, 1/beta {1e-9 / self.beta if self.beta else math.inf:.3g} GB/s, "
-                f"1/gamma {1e-9 / self.gamma if self.gamma else math.inf:.3g} GB/s")
+        return f"{label}alpha {self.alpha * 1e6:.3g} us, 1/beta {rate(self.beta)}, 1/gamma {rate(self.gamma)}"
 
 
 def _log2_floor(p: int) -> int:
@@ -309,15 +328,20 @@ def allreduce_bandwidth_bound(n: float, p: int) -> Coefficients:
     return Coefficients(0, 2 * (p - 1) / p * n, 0)
 
 
-_ALLREDUCE = {"ring": ring_allreduce, "recursive_doubling": recursive_doubling_allreduce,
-              "rabenseifner": rabenseifner_allreduce}
+_ALLREDUCE = {
+    "ring": ring_allreduce,
+    "recursive_doubling": recursive_doubling_allreduce,
+    "rabenseifner": rabenseifner_allreduce,
+}
 
 
 def allreduce_coefficients(algorithm: str, n: float, p: int) -> Coefficients:
     try:
         return _ALLREDUCE[algorithm](n, p)
     except KeyError:
-        raise ValueError(f"unknown algorithm {algorithm!r}; choose one of {', '.join(ALLREDUCE_ALGORITHMS)}") from None
+        raise ValueError(
+            f"unknown algorithm {algorithm!r}; choose one of {', '.join(ALLREDUCE_ALGORITHMS)}"
+        ) from None
 
 
 # -- overlapping communication with the backward pass ----------------------------------------
@@ -334,7 +358,9 @@ class StepBreakdown:
         return self.t_step - self.t_comp
 
 
-def overlapped_step(t_forward: float, buckets: Sequence[tuple[float, float]], t_optimizer: float) -> StepBreakdown:
+def overlapped_step(
+    t_forward: float, buckets: Sequence[tuple[float, float]], t_optimizer: float
+) -> StepBreakdown:
     """Step time when bucket i's all-reduce overlaps the backward pass of later buckets.
 
     ``buckets`` lists ``(backward_s, allreduce_s)`` in the order the backward pass fills them
@@ -380,12 +406,23 @@ def bucketed_step(
     _check_count("bucket_bytes", bucket_bytes)
     full, rest = divmod(grad_bytes, bucket_bytes)
     sizes = [bucket_bytes] * full + ([rest] if rest else [])
-    return overlapped_step(t_forward, [(t_backward * s / grad_bytes, allreduce_time(s)) for s in sizes], t_optimizer)
+    return overlapped_step(
+        t_forward, [(t_backward * s / grad_bytes, allreduce_time(s)) for s in sizes], t_optimizer
+    )
 
 
 # -- presenting -------------------------------------------------------------------------------
-TABLE_HEADERS = ("R", "batch/rank", "T_comp (s)", "T_sync (s)", "T_sync/T_comp", "T_epoch (s)", "speedup",
-                 "efficiency", "pays?")
+TABLE_HEADERS = (
+    "R",
+    "batch/rank",
+    "T_comp (s)",
+    "T_sync (s)",
+    "T_sync/T_comp",
+    "T_epoch (s)",
+    "speedup",
+    "efficiency",
+    "pays?",
+)
 
 
 def table_rows(points: Sequence[ScalingPoint]) -> list[tuple[str, ...]]:
@@ -393,16 +430,26 @@ def table_rows(points: Sequence[ScalingPoint]) -> list[tuple[str, ...]]:
     rows = []
     for p in points:
         verdict = "baseline" if p.ranks == 1 else ("yes" if p.pays else "no")
-        rows.append((str(p.ranks), f"{p.per_rank_batch:g}", f"{p.t_comp:.4g}", f"{p.t_sync:.4g}",
-                     f"{p.t_sync / p.t_comp:.3g}", f"{p.t_epoch:.4g}", f"{p.speedup:.2f}",
-                     f"{100 * p.efficiency:.0f}%", verdict))
+        rows.append(
+            (
+                str(p.ranks),
+                f"{p.per_rank_batch:g}",
+                f"{p.t_comp:.4g}",
+                f"{p.t_sync:.4g}",
+                f"{p.t_sync / p.t_comp:.3g}",
+                f"{p.t_epoch:.4g}",
+                f"{p.speedup:.2f}",
+                f"{100 * p.efficiency:.0f}%",
+                verdict,
+            )
+        )
     return rows
 
 
 def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     cells = [list(headers)] + [list(r) for r in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
-    lines = ["| " + " | ".join(c.rjust(w) for c, w in zip(r, widths)) + " |" for r in cells]
+    lines = ["| " + " | ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) + " |" for r in cells]
     lines.insert(1, "|" + "|".join("-" * (w + 1) + ":" for w in widths) + "|")
     return "\n".join(lines)
 
