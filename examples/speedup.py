@@ -1,6 +1,5 @@
+# python examples/speedup.py --t-comp 1 --t-sync 1 --ranks 1,2,3,4
 """Will R more ranks pay? Seed 003's law, T_epoch = N/(R·B)·(T_comp + T_sync), for your numbers.
-
-    python examples/speedup.py --t-comp 1 --t-sync 1 --ranks 1,2,3,4
 
 Distribution pays iff T_sync/T_comp < R − 1. T_comp and T_sync come from flags, from a
 calibration measured on your machine, or from a network's α and β and your parameter count:
@@ -11,16 +10,16 @@ calibration measured on your machine, or from a network's α and β and your par
     python examples/speedup.py --t-comp 0.008 --network ib100 --params 1863690 --ranks 1,2,4,8,64
 """
 
-import argparse
 import sys
 from pathlib import Path
 
 from mpi_sgd import perfmodel as pm
+from mpi_sgd.args import ArgumentParser
 from mpi_sgd.argtypes import nbytes, nonneg_float, positive_float, positive_int, positive_ints
 from mpi_sgd.calibrate import PRESETS, Calibration, calibrate, sweep_sizes
 from mpi_sgd.launch import placement
 
-parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+parser = ArgumentParser(description=__doc__)
 flag = parser.add_argument
 flag("--t-comp", type=positive_float, help="seconds of forward+backward+step per batch, one rank")
 flag("--t-sync", type=nonneg_float, help="seconds of gradient all-reduce per step at R > 1")

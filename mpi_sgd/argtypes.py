@@ -51,9 +51,9 @@ def positive_ints(text: str) -> list[int]:
 
 def nbytes(text: str) -> int:
     """'4096', '64KiB', '16MiB', '1GiB' -> bytes. 'MB' is read as MiB, as OSU does."""
-    s = text.strip().upper().replace(" ", "").removesuffix("B").removesuffix("I")
-    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(s[-1:], 1)
-    value = _number(s[:-1] if scale > 1 else s)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"size must be positive, got {text!r}")
-    return int(value * scale)
+    from .bench.report import parse_bytes
+
+    try:
+        return parse_bytes(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None

@@ -195,37 +195,24 @@ def _iterations(nbytes: int) -> int:
     return max(10, min(200, (32 << 20) // max(nbytes, 1)))
 
 
-def measure_allreduce(
-    comm, sizes: Sequence[int], rounds: int = 5, algorithm: str = "ring"
-) -> list[SweepPoint]:
+def measure_allreduce(comm, sizes: Sequence[int], rounds: int = 5, algorithm: str = "ring") -> list[SweepPoint]:
     """Time ``comm.allreduce`` on float32 torch tensors of each size, the OSU way.
 
     Per size: warm-up calls discarded, then ``rounds`` blocks each opened by a barrier and timed
-    with ``comm.wtime()``; each rank keeps its median block (one disturbed block on a shared
-    machine cannot move it), and min/avg/max across ranks are recorded.
+    with ``comm.wtime()``; each rank keeps its median block and min/avg/max across ranks are
+    recorded (:func:`mpi_sgd.bench.timing.time_interleaved`).
     """
     import torch
+
+    from .bench.timing import time_interleaved
 
     points = []
     for nbytes in sizes:
         buf = torch.zeros(max(1, nbytes // 4))  # zeros: sums stay finite however often we add
         iters = _iterations(nbytes)
-        per_block = max(1, iters // rounds)
-        for _ in range(max(2, iters // 10)):
-            comm.allreduce(buf)
-        blocks = []
-        for _ in range(rounds):
-            comm.barrier()
-            t0 = comm.wtime()
-            for _ in range(per_block):
-                comm.allreduce(buf)
-            blocks.append((comm.wtime() - t0) / per_block)
-        values = comm.allgather_obj(statistics.median(blocks))
-        points.append(
-            SweepPoint(
-                buf.numel() * 4, comm.size, min(values), sum(values) / len(values), max(values), algorithm
-            )
-        )
+        st = time_interleaved(comm, {"seam": lambda buf=buf: comm.allreduce(buf)}, iters, max(2, iters // 10), rounds)
+        st = st["seam"]
+        points.append(SweepPoint(buf.numel() * 4, comm.size, st.min, st.avg, st.max, algorithm))
     return points
 
 

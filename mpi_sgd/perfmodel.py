@@ -126,9 +126,7 @@ class AllreduceSync:
     def __post_init__(self):
         _check_count("nbytes", self.nbytes, minimum=0)
         if self.algorithm not in ALLREDUCE_ALGORITHMS:
-            raise ValueError(
-                f"unknown algorithm {self.algorithm!r}; choose one of {', '.join(ALLREDUCE_ALGORITHMS)}"
-            )
+            raise ValueError(f"unknown algorithm {self.algorithm!r}; choose one of {', '.join(ALLREDUCE_ALGORITHMS)}")
 
     def __call__(self, ranks: int) -> float:
         return self.network.time(allreduce_coefficients(self.algorithm, self.nbytes, ranks))
@@ -177,9 +175,7 @@ def scaling(
     for r in ranks:
         _check_count("ranks", r)
         if mode == "strong" and r > batch:
-            raise ValueError(
-                f"strong scaling splits the global batch {batch} over {r} ranks: fewer than 1 each"
-            )
+            raise ValueError(f"strong scaling splits the global batch {batch} over {r} ranks: fewer than 1 each")
     if compute.batch is None:
         compute = replace(compute, batch=batch)
     t_step_1 = compute.at_batch(batch)
@@ -194,9 +190,7 @@ def scaling(
         faster = step_ratio * t_step_1  # compare by multiplication: exact at break-even
         s = 1.0 if r == 1 else faster / t_step
         points.append(
-            ScalingPoint(
-                r, per_rank, steps, t_comp, t_sync, steps * t_step, s, s / r, r > 1 and t_step < faster
-            )
+            ScalingPoint(r, per_rank, steps, t_comp, t_sync, steps * t_step, s, s / r, r > 1 and t_step < faster)
         )
     return points
 
@@ -339,9 +333,7 @@ def allreduce_coefficients(algorithm: str, n: float, p: int) -> Coefficients:
     try:
         return _ALLREDUCE[algorithm](n, p)
     except KeyError:
-        raise ValueError(
-            f"unknown algorithm {algorithm!r}; choose one of {', '.join(ALLREDUCE_ALGORITHMS)}"
-        ) from None
+        raise ValueError(f"unknown algorithm {algorithm!r}; choose one of {', '.join(ALLREDUCE_ALGORITHMS)}") from None
 
 
 # -- overlapping communication with the backward pass ----------------------------------------
@@ -358,9 +350,7 @@ class StepBreakdown:
         return self.t_step - self.t_comp
 
 
-def overlapped_step(
-    t_forward: float, buckets: Sequence[tuple[float, float]], t_optimizer: float
-) -> StepBreakdown:
+def overlapped_step(t_forward: float, buckets: Sequence[tuple[float, float]], t_optimizer: float) -> StepBreakdown:
     """Step time when bucket i's all-reduce overlaps the backward pass of later buckets.
 
     ``buckets`` lists ``(backward_s, allreduce_s)`` in the order the backward pass fills them
@@ -406,9 +396,7 @@ def bucketed_step(
     _check_count("bucket_bytes", bucket_bytes)
     full, rest = divmod(grad_bytes, bucket_bytes)
     sizes = [bucket_bytes] * full + ([rest] if rest else [])
-    return overlapped_step(
-        t_forward, [(t_backward * s / grad_bytes, allreduce_time(s)) for s in sizes], t_optimizer
-    )
+    return overlapped_step(t_forward, [(t_backward * s / grad_bytes, allreduce_time(s)) for s in sizes], t_optimizer)
 
 
 # -- presenting -------------------------------------------------------------------------------

@@ -42,9 +42,7 @@ def test_network_preset_and_parameter_count(tmp_path):
 
 
 def test_calibration_file(tmp_path):
-    cal = Calibration(
-        pm.Network(1e-6, 1e-10), "ring", StepTiming(0.01, 64, 1000, "mlp"), (SweepPoint(4, 2, 1, 1, 1),)
-    )
+    cal = Calibration(pm.Network(1e-6, 1e-10), "ring", StepTiming(0.01, 64, 1000, "mlp"), (SweepPoint(4, 2, 1, 1, 1),))
     cal.save(tmp_path / "c.json")
     out = run("--calibration", str(tmp_path / "c.json"), "--plot", str(tmp_path / "p.png"))
     assert out.returncode == 0, out.stderr
