@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 
+from . import grid, seed002
 from .report import parse_bytes
 
 
@@ -85,3 +86,5 @@ def add_parser(subparsers) -> None:
     p.add_argument("--out-dir", default="results", help="folder for the JSON and PNG (default results)")
     p.add_argument("--no-plot", action="store_true", help="skip the PNG")
     p.set_defaults(func=_run_allreduce, parser=p)
+    grid.add_parser(kinds)
+    seed002.add_parser(kinds)

@@ -1,0 +1,145 @@
+"""Seed 000's grid: how one process's training time grows with model size and data size.
+
+    mpi-sgd bench grid                 # models 0x10, 3x100, 3x400 by 16384 and 131072 samples
+    mpi-sgd bench grid --tiny          # seconds, for tests
+
+Each cell trains a feed-forward net (100 inputs, ``L`` hidden layers of width ``W``, one output;
+MSE loss, SGD with momentum, batch 32 as in the seed) on random data for ``--epochs`` epochs and
+reports the median of ``--repeats`` runs. The seed's point is that time grows with the product
+of model and data, not their sum: 10x the parameters and 10x the samples cost about 100x, which
+is what drives training onto more than one process. The table shows each cell's time relative
+to the smallest cell beside the ratio of parameters x samples.
+
+One process, no communication: run it with plain ``mpi-sgd bench grid``. Data are tensors
+sliced into batches (no DataLoader), so the figures are the model's compute plus a fixed Python
+cost per step, which dominates the smallest models. torch runs one thread unless ``--threads``
+says otherwise: these models are too small to gain from more, and on a busy machine idle
+intra-op threads spin against other jobs and slow small steps tenfold.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+from ..argtypes import positive_int, positive_ints
+from .report import markdown_table, new_figure, write_json
+
+INPUTS = 100
+
+
+def model_spec(text: str) -> list[tuple[int, int]]:
+    """'0x10,3x100' -> [(0, 10), (3, 100)]: hidden layers x width."""
+    specs = []
+    for part in text.split(","):
+        try:
+            layers, width = (int(v) for v in part.strip().lower().split("x"))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected LAYERSxWIDTH like 3x100, got {part!r}") from None
+        if layers < 0 or width < 1:
+            raise argparse.ArgumentTypeError(f"layers must be >= 0 and width >= 1, got {part!r}")
+        specs.append((layers, width))
+    return specs
+
+
+def train_seconds(layers: int, width: int, samples: int, batch: int, epochs: int, repeats: int) -> tuple[float, int]:
+    """Median wall seconds to train one freshly built model for ``epochs``; and its parameter count."""
+    import torch
+
+    from ..calibrate import mlp
+
+    torch.manual_seed(0)
+    x, y = torch.randn(samples, INPUTS), torch.randn(samples, 1)
+    times = []
+    for _ in range(repeats):
+        model = mlp((INPUTS,) + (width,) * (layers + 1) + (1,))
+        opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+        loss_fn = torch.nn.MSELoss()
+        t0 = time.perf_counter()
+        for _ in range(epochs):
+            for i in range(0, samples, batch):
+                opt.zero_grad()
+                loss_fn(model(x[i : i + batch]), y[i : i + batch]).backward()
+                opt.step()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times), sum(p.numel() for p in model.parameters())
+
+
+def run(models, samples_list, batch=32, epochs=1, repeats=3) -> list[dict]:
+    rows = []
+    for layers, width in models:
+        for samples in samples_list:
+            seconds, params = train_seconds(layers, width, samples, batch, epochs, repeats)
+            rows.append(dict(model=f"{layers}x{width}", params=params, samples=samples, seconds=seconds))
+    return rows
+
+
+def table(rows) -> str:
+    base = min(rows, key=lambda r: r["params"] * r["samples"])
+    headers = ["model", "params", "samples", "seconds", "x time", "x params*samples"]
+    body = [
+        [
+            r["model"],
+            r["params"],
+            r["samples"],
+            r["seconds"],
+            f"{r['seconds'] / base['seconds']:.1f}",
+            f"{r['params'] * r['samples'] / (base['params'] * base['samples']):.1f}",
+        ]
+        for r in rows
+    ]
+    return markdown_table(headers, body)
+
+
+def plot(rows, path) -> None:
+    fig, ax = new_figure(figsize=(6, 4))
+    for model in dict.fromkeys(r["model"] for r in rows):
+        pts = [(r["samples"], r["seconds"]) for r in rows if r["model"] == model]
+        params = next(r["params"] for r in rows if r["model"] == model)
+        ax.loglog(*zip(*pts, strict=True), "o-", label=f"{model} ({params:,} params)")
+    ax.set_xlabel("samples per epoch")
+    ax.set_ylabel("training time (s)")
+    ax.set_title("one process: time grows with model x data")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(args) -> int:
+    import torch
+
+    torch.set_num_threads(args.threads)
+    if args.tiny:
+        args.models, args.samples, args.repeats = [(0, 10), (2, 64)], [256, 2048], 1
+    rows = run(args.models, args.samples, args.batch, args.epochs, args.repeats)
+    print(f"# training time: one process, {args.threads} thread(s), batch {args.batch}, {args.epochs} epoch(s), "
+          f"median of {args.repeats}")  # fmt: skip
+    print(table(rows))
+    out = write_json(f"{args.out_dir}/grid.json", {"benchmark": "grid", "batch": args.batch, "rows": rows})
+    if not args.no_plot:
+        plot(rows, out.with_suffix(".png"))
+    print(f"\nwrote {out}" + ("" if args.no_plot else f" and {out.with_suffix('.png')}"))
+    return 0
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser(
+        "grid",
+        help="seed 000: training time over model size x data size (one process)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--models", type=model_spec, default=[(0, 10), (3, 100), (3, 400)], help="LAYERSxWIDTH list (0x10,3x100,3x400)"
+    )
+    p.add_argument("--samples", type=positive_ints, default=[16384, 131072], help="samples per epoch (16384,131072)")
+    p.add_argument("--batch", type=positive_int, default=32, help="batch size (default 32, as in the seed)")
+    p.add_argument("--epochs", type=positive_int, default=1, help="epochs per run (default 1)")
+    p.add_argument("--repeats", type=positive_int, default=3, help="runs per cell; the median is reported (3)")
+    p.add_argument("--threads", type=positive_int, default=1, help="torch intra-op threads (default 1)")
+    p.add_argument("--tiny", action="store_true", help="two tiny models on 256 and 2048 samples, one run each")
+    p.add_argument("--out-dir", default="results", help="folder for the JSON and PNG (default results)")
+    p.add_argument("--no-plot", action="store_true", help="skip the PNG")
+    p.set_defaults(func=main, parser=p)

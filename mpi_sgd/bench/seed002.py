@@ -1,0 +1,182 @@
+"""Seed 002's all-reduce table: backend x workers (2, 4, 6) x data size (1 MB .. 1 GB).
+
+    mpi-sgd bench seed002                       # one command: runs mpiexec -n 2, 4, 6 in turn
+    mpi-sgd bench seed002 --max-bytes 100MB     # the same without the 1 GB row (small machines)
+    mpiexec -n 4 mpi-sgd bench seed002          # only this world's column
+
+The table needs one MPI job per worker count, and a job cannot change its own size, so started
+as a single process this command launches ``mpiexec -n W`` for each ``--workers`` entry (the
+command in ``MPI_SGD_MPIEXEC``, else the ``mpiexec`` beside this Python), waits for each, and
+merges the columns they wrote. Started under mpiexec it measures the current world only.
+
+Timing follows the seed's practice: warm-up calls discarded (5; OSU-style, 1 above 100 MB, where
+one call takes seconds), a barrier before each timed block, and the per-rank figures gathered
+so the table shows avg with min and max across ranks. Sizes are the seed's decimal 1, 10, 100
+and 1000 MB of float32. Backends run one after another, never interleaved, so a rank holds one
+1 GB buffer at a time. Worker counts above the core count oversubscribe: those columns measure
+contention as much as the transport; the seed's own 4- and 6-worker rows came from a laptop.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from ..argtypes import nbytes, positive_int, positive_ints
+from ..launch import placement
+from .report import human_bytes, markdown_table, new_figure, write_json
+
+SIZES = (10**6, 10**7, 10**8, 10**9)
+BACKENDS = ("mpi4py", "gloo", "nccl")
+LARGE = 10**8
+
+
+def label(n: int) -> str:
+    return f"{n // 10**6}MB" if n >= 10**6 else human_bytes(n)
+
+
+def measure(comm, sizes, backends, warmup=5, iterations=10) -> list[dict]:
+    """This world's column: seconds per all-reduce for each backend and size."""
+    import torch
+
+    from ..comm.torch_dist import TorchDistComm
+    from .timing import time_interleaved
+
+    rows = []
+    for backend in backends:
+        peer = comm if backend == "mpi4py" else TorchDistComm(backend, comm)
+        device = getattr(peer, "device", "cpu")
+        sync = torch.cuda.synchronize if backend == "nccl" else None
+        for n in sizes:
+            buf = torch.zeros(n // 4, device=device)
+            w, it = (min(warmup, 1), min(iterations, 3)) if n >= LARGE else (warmup, iterations)
+            call = {backend: lambda b=buf, peer=peer: peer.allreduce(b)}
+            st = time_interleaved(comm, call, it, w, min(it, 5), sync)[backend]
+            rows.append(dict(backend=backend, workers=comm.size, bytes=n, avg_s=st.avg, min_s=st.min, max_s=st.max))
+            del buf
+    return rows
+
+
+def table(rows) -> str:
+    headers = ["Backend", "Workers", "Data Size", "Time (s)", "min (s)", "max (s)"]
+    rows = sorted(rows, key=lambda r: (BACKENDS.index(r["backend"]), r["workers"], r["bytes"]))
+    body = [[r["backend"], r["workers"], label(r["bytes"]), f"{r['avg_s']:.6f}", f"{r['min_s']:.6f}",
+             f"{r['max_s']:.6f}"] for r in rows]  # fmt: skip
+    return markdown_table(headers, body)
+
+
+def plot(rows, path) -> None:
+    fig, ax = new_figure(figsize=(6, 4))
+    for key in sorted({(r["backend"], r["workers"]) for r in rows}):
+        pts = sorted((r["bytes"], r["avg_s"]) for r in rows if (r["backend"], r["workers"]) == key)
+        ax.loglog(*zip(*pts, strict=True), "o-", label=f"{key[0]}, {key[1]} workers")
+    ax.set_xlabel("data size (bytes)")
+    ax.set_ylabel("all-reduce time (s)")
+    ax.set_title("seed 002 all-reduce table")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def _backends(args) -> list[str]:
+    from ..comm.torch_dist import backend_available
+
+    out = []
+    for b in args.backends:
+        if b == "nccl" and not _cuda():
+            print("nccl: skipped, CUDA not available")
+        elif b != "mpi4py" and not backend_available(b):
+            print(f"{b}: skipped, not in this torch build")
+        else:
+            out.append(b)
+    return out
+
+
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def column(args) -> int:
+    """Under mpiexec: measure this world, the root writes its column."""
+    from ..comm import init
+
+    comm = init("mpi4py")
+    backends = _backends(args) if comm.is_root else None
+    backends = comm.bcast_obj(backends)  # one decision for every rank
+    rows = measure(comm, [n for n in SIZES if n <= args.max_bytes], backends, args.warmup, args.iterations)
+    if comm.is_root:
+        out = write_json(f"{args.out_dir}/seed002-n{comm.size}.json", {"benchmark": "seed002", "rows": rows})
+        print(table(rows) + f"\n\nwrote {out}")
+    return 0
+
+
+def _mpiexec() -> str:
+    found = os.environ.get("MPI_SGD_MPIEXEC") or shutil.which("mpiexec", path=str(Path(sys.executable).parent))
+    return found or shutil.which("mpiexec") or "mpiexec"
+
+
+def launch(args) -> int:
+    """As one process: one mpiexec per worker count, then the merged table, JSON and PNG."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "HYDRA_", "OMPI_", "PMIX_"))}
+    passed = ["--max-bytes", str(args.max_bytes), "--backends", ",".join(args.backends), "--out-dir", args.out_dir,
+              "--warmup", str(args.warmup), "--iterations", str(args.iterations)]  # fmt: skip
+    rows = []
+    for w in args.workers:
+        cmd = [_mpiexec(), "-n", str(w), sys.executable, "-m", "mpi_sgd.cli", "bench", "seed002", *passed]
+        print(f"$ {' '.join(cmd)}", flush=True)
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        if done.returncode != 0:
+            sys.stderr.write(done.stdout + done.stderr)
+            print(f"mpiexec -n {w} failed (exit {done.returncode})", file=sys.stderr)
+            return done.returncode or 1
+        rows += json.loads(Path(args.out_dir, f"seed002-n{w}.json").read_text())["rows"]
+    print("\n" + table(rows))
+    out = write_json(f"{args.out_dir}/seed002-allreduce.json", {"benchmark": "seed002", "rows": rows})
+    if not args.no_plot:
+        plot(rows, out.with_suffix(".png"))
+    print(f"\nwrote {out}" + ("" if args.no_plot else f" and {out.with_suffix('.png')}"))
+    return 0
+
+
+def main(args) -> int:
+    if args.max_bytes < SIZES[0]:
+        args.parser.error(f"--max-bytes must be at least 1MB, got {args.max_bytes}")
+    if min(args.workers) < 2 or args.warmup < 0:
+        args.parser.error("an all-reduce needs --workers of at least 2, and --warmup cannot be negative")
+    if placement().size > 1:
+        return column(args)
+    args.backends = _backends(args)  # say once, here, which backends this machine lacks
+    return launch(args)
+
+
+def _backend_list(text: str) -> list[str]:
+    names = [s.strip() for s in text.split(",") if s.strip()]
+    if not names or any(n not in BACKENDS for n in names):
+        raise argparse.ArgumentTypeError(f"choose from {','.join(BACKENDS)}, got {text!r}")
+    return names
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser(
+        "seed002",
+        help="seed 002's all-reduce table: backend x workers 2/4/6 x 1MB..1GB",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--workers", type=positive_ints, default=[2, 4, 6], help="worker counts to launch (2,4,6)")
+    p.add_argument("--max-bytes", type=nbytes, default=1 << 30, help="largest size, at least 1MB (default 1GiB)")
+    p.add_argument("--backends", type=_backend_list, default=["mpi4py", "gloo", "nccl"],
+                   help="mpi4py (the seam), gloo, nccl (skipped without CUDA) (default all three)")  # fmt: skip
+    p.add_argument("--warmup", type=int, default=5, help="discarded calls per size (5; 1 from 100MB)")
+    p.add_argument("--iterations", type=positive_int, default=10, help="timed calls per size (10; 3 from 100MB)")
+    p.add_argument("--out-dir", default="results", help="folder for the JSON and PNG (default results)")
+    p.add_argument("--no-plot", action="store_true", help="skip the PNG")
+    p.set_defaults(func=main, parser=p)

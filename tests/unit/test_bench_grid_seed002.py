@@ -1,0 +1,58 @@
+"""Seed 000's model x data grid (one process) and the pure parts of seed 002's all-reduce table."""
+
+import argparse
+import json
+import subprocess
+import sys
+
+import pytest
+
+from mpi_sgd.bench import grid, seed002
+
+
+def test_grid_tiny_writes_table_json_and_png(tmp_path):
+    cmd = [sys.executable, "-m", "mpi_sgd.cli", "bench", "grid", "--tiny", "--out-dir", str(tmp_path)]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "| model | params | samples |" in out.stdout
+    rows = json.loads((tmp_path / "grid.json").read_text())["rows"]
+    assert [(r["model"], r["samples"]) for r in rows] == [("0x10", 256), ("0x10", 2048), ("2x64", 256), ("2x64", 2048)]
+    assert all(r["seconds"] > 0 for r in rows)
+    assert rows[0]["params"] == 100 * 10 + 10 + 10 * 1 + 1  # 100 inputs, one hidden layer of 10, one output
+    assert (tmp_path / "grid.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_grid_table_ratios():
+    rows = [
+        dict(model="a", params=10, samples=100, seconds=1.0),
+        dict(model="b", params=100, samples=1000, seconds=80.0),
+    ]
+    assert grid.table(rows).splitlines()[-1].split("|")[5:7] == ["   80.0 ", "            100.0 "]
+
+
+def test_model_spec():
+    assert grid.model_spec("0x10, 3x100") == [(0, 10), (3, 100)]
+    for bad in ("3", "x10", "-1x10", "2x0"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            grid.model_spec(bad)
+
+
+def test_seed002_table_reads_like_the_seed():
+    rows = [
+        dict(backend="gloo", workers=2, bytes=10**6, avg_s=0.002193, min_s=0.002, max_s=0.0025),
+        dict(backend="mpi4py", workers=2, bytes=10**9, avg_s=0.5, min_s=0.4, max_s=0.6),
+    ]
+    lines = seed002.table(rows).splitlines()
+    assert lines[0].split("|")[1:5] == [" Backend ", " Workers ", " Data Size ", " Time (s) "]
+    assert "mpi4py" in lines[2] and "1000MB" in lines[2]  # mpi4py first, as the seam is ours
+    assert "gloo" in lines[3] and "1MB" in lines[3] and "0.002193" in lines[3]
+
+
+@pytest.mark.parametrize("args", [["--workers", "1,2"], ["--max-bytes", "1KB"], ["--backends", "ucx"]])
+def test_seed002_bad_arguments_exit_2(args, tmp_path, capsys):
+    from mpi_sgd.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["bench", "seed002", *args, "--out-dir", str(tmp_path)])
+    assert exit_.value.code == 2 and "usage:" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())  # nothing launched, nothing written
