@@ -2,19 +2,17 @@
 
 import argparse
 import json
-import subprocess
-import sys
 
 import pytest
 
 from mpi_sgd.bench import grid, seed002
 
 
-def test_grid_tiny_writes_table_json_and_png(tmp_path):
-    cmd = [sys.executable, "-m", "mpi_sgd.cli", "bench", "grid", "--tiny", "--out-dir", str(tmp_path)]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    assert "| model | params | samples |" in out.stdout
+def test_grid_tiny_writes_table_json_and_png(tmp_path, capsys):
+    from mpi_sgd.cli import main
+
+    assert main(["bench", "grid", "--tiny", "--out-dir", str(tmp_path)]) == 0
+    assert "| model | params | samples |" in capsys.readouterr().out
     rows = json.loads((tmp_path / "grid.json").read_text())["rows"]
     assert [(r["model"], r["samples"]) for r in rows] == [("0x10", 256), ("0x10", 2048), ("2x64", 256), ("2x64", 2048)]
     assert all(r["seconds"] > 0 for r in rows)

@@ -13,6 +13,8 @@ from mpi_sgd.calibrate import Calibration, StepTiming, SweepPoint
 SCRIPT = Path(__file__).resolve().parents[2] / "examples" / "speedup.py"
 # Launcher variables from an enclosing mpiexec would make the child think it is one rank of many.
 ENV = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "OMPI_", "PMIX_", "HYDRA_"))}
+# One torch thread: on a shared test machine idle intra-op threads spin and slow a tiny model tenfold.
+ENV["OMP_NUM_THREADS"] = "1"
 
 
 def run(*args, cwd=None):
