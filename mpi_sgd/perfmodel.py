@@ -13,7 +13,8 @@ where ``T_comp`` is one rank's forward + backward + optimizer step on its ``B`` 
     efficiency(R) = speedup / R = T_comp / (T_comp + T_sync)
 
 and distribution pays (speedup > 1) exactly when ``T_sync / T_comp < R − 1``. Equality is the
-break-even line: ``T_comp = T_sync = 1 s`` gives speedup 1.00 at R = 2 and 1.50 at R = 3. The
+break-even line: with ``T_comp = T_sync = 1 s`` a step of two ranks takes 2 s for 2·B samples,
+just what one rank takes for them (speedup 1.00); three ranks take 2 s for 3·B (speedup 1.50). The
 model takes the seed's continuous step count ``N/(R·B)`` (a loader runs ``⌈N/(R·B)⌉``), so the
 speedup does not depend on ``N``, and ``T_sync`` at R = 1 is zero: one process sends nothing.
 
@@ -52,9 +53,18 @@ def _check_count(name: str, value: int, minimum: int = 1) -> None:
         raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
 
 
+def _check_inputs(t_comp: float, t_sync: float, ranks: int) -> None:
+    _check_time("t_comp", t_comp)
+    _check_time("t_sync", t_sync)
+    _check_count("ranks", ranks)
+    if t_comp == 0:
+        raise ValueError("t_comp must be positive: a step that costs nothing cannot be sped up")
+
+
 # -- seed 003: epoch time, speedup, break-even ---------------------------------------------
 def speedup(t_comp: float, t_sync: float, ranks: int) -> float:
     """R·T_comp / (T_comp + T_sync): seed 003's law at a fixed per-rank batch (1 at R = 1)."""
+    _check_inputs(t_comp, t_sync, ranks)
     if ranks == 1:
         return 1.0
     return ranks * t_comp / (t_comp + t_sync)
@@ -62,11 +72,13 @@ def speedup(t_comp: float, t_sync: float, ranks: int) -> float:
 
 def pays(t_comp: float, t_sync: float, ranks: int) -> bool:
     """Seed 003, inequality (3): T_sync/T_comp < R − 1, written without division so it is exact."""
+    _check_inputs(t_comp, t_sync, ranks)
     return ranks > 1 and t_sync < (ranks - 1) * t_comp
 
 
 def break_even_ranks(t_comp: float, t_sync: float) -> int:
     """Smallest R at which distribution pays: the first integer above 1 + T_sync/T_comp."""
+    _check_inputs(t_comp, t_sync, 1)
     return math.floor(1 + t_sync / t_comp) + 1
 
 
@@ -184,14 +196,13 @@ def scaling(
         per_rank = batch if mode == "weak" else batch / r
         t_comp, t_sync = compute.at_batch(per_rank), sync(r)
         t_step = t_comp + t_sync
-        # Weak: R times fewer steps per epoch. Strong: the same N/B steps, each cheaper.
-        step_ratio = r if mode == "weak" else 1
         steps = samples / (r * batch) if mode == "weak" else samples / batch
-        faster = step_ratio * t_step_1  # compare by multiplication: exact at break-even
-        s = 1.0 if r == 1 else faster / t_step
-        points.append(
-            ScalingPoint(r, per_rank, steps, t_comp, t_sync, steps * t_step, s, s / r, r > 1 and t_step < faster)
-        )
+        # What one rank alone needs for the samples of one R-rank step: R of its own steps (weak),
+        # or the same single step at the full batch (strong). Speedup is that over t_step, and
+        # "pays" compares the two directly, so the break-even case is exact, not 0.9999.
+        alone = (r if mode == "weak" else 1) * t_step_1
+        s = alone / t_step
+        points.append(ScalingPoint(r, per_rank, steps, t_comp, t_sync, steps * t_step, s, s / r, t_step < alone))
     return points
 
 

@@ -20,6 +20,13 @@ def test_break_even_is_exact():
     assert pm.break_even_ranks(2.0, 7.0) == 5  # ratio 3.5: needs R − 1 > 3.5
 
 
+@pytest.mark.parametrize("args", [(0.0, 1.0, 2), (-1.0, 1.0, 2), (1.0, -1.0, 2), (1.0, 1.0, 0), (1.0, math.inf, 2)])
+def test_scalar_formulas_reject_nonsense(args):
+    for fn in (pm.speedup, pm.pays):
+        with pytest.raises(ValueError):
+            fn(*args)
+
+
 def test_one_rank_is_the_baseline():
     assert pm.speedup(1.0, 5.0, 1) == 1.0
     assert not pm.pays(1.0, 0.0, 1)
@@ -210,3 +217,21 @@ def test_perfmodel_imports_neither_mpi_nor_torch():
     code = "import sys, mpi_sgd.perfmodel; print(sorted(m for m in ('mpi4py', 'torch') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_table_and_scalar_formulas_agree():
+    rng = random.Random(1)
+    for _ in range(200):
+        t_comp, t_sync = rng.uniform(0.01, 1), rng.uniform(0, 3)
+        ranks = [1, 2, 3, 5, 8, 13]
+        for p in pm.scaling(pm.Compute(t_comp), pm.FixedSync(t_sync), ranks, 10_000, 32):
+            assert p.pays == pm.pays(t_comp, t_sync, p.ranks)
+            assert p.speedup == pytest.approx(pm.speedup(t_comp, t_sync, p.ranks))
+
+
+def test_allreduce_sync_row_by_hand():
+    # 1 MB of gradients, ring at R = 4 over α = 10 us, β = 1 ns/B: 6·10 us + 1.5e6 B·1 ns = 1.56 ms.
+    sync = pm.AllreduceSync(pm.Network(10e-6, 1e-9), nbytes=10**6)
+    (four,) = pm.scaling(pm.Compute(0.01), sync, [4], samples=1000, batch=10)
+    assert four.t_sync == pytest.approx(1.56e-3)
+    assert four.speedup == pytest.approx(4 * 0.01 / (0.01 + 1.56e-3))
