@@ -147,11 +147,13 @@ def fit_network(points: Sequence[SweepPoint], gamma: float | None = None, name: 
 
     With ``gamma`` given, its share ``c·γ`` is subtracted and only α and β are fitted; with
     ``gamma=0`` β absorbs the reduction (an "effective β"). With ``gamma=None`` all three are
-    fitted, which needs points whose β and γ coefficients are not proportional (a mix of
-    algorithms, recursive doubling at several sizes with the ring); otherwise this raises.
+    fitted, which needs points whose β and γ coefficients are not proportional (recursive
+    doubling beside the ring, say); otherwise this raises rather than return an arbitrary split.
     """
     if len(points) < 2:
         raise ValueError("need at least two sweep points to fit α and β")
+    if any(p.ranks < 2 for p in points):
+        raise ValueError("an all-reduce at one rank moves nothing: sweep at two or more ranks (mpiexec -n 2)")
     coef = [allreduce_coefficients(p.algorithm, p.nbytes, p.ranks) for p in points]
     t = np.array([p.avg_s for p in points], dtype=float)
     if np.any(t <= 0):

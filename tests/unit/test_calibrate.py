@@ -79,7 +79,9 @@ def test_fit_needs_real_timings():
     with pytest.raises(ValueError):
         fit_network([SweepPoint(4, 2, 1e-6, 1e-6, 1e-6)])
     with pytest.raises(ValueError, match="positive"):
-        fit_network([SweepPoint(4, 1, 0.0, 0.0, 0.0), SweepPoint(8, 1, 0.0, 0.0, 0.0)])
+        fit_network([SweepPoint(4, 2, 0.0, 0.0, 0.0), SweepPoint(8, 2, 0.0, 0.0, 0.0)])
+    with pytest.raises(ValueError, match="two or more ranks"):
+        fit_network([SweepPoint(4, 1, 1e-7, 1e-7, 1e-7), SweepPoint(8, 1, 1e-7, 1e-7, 1e-7)])
 
 
 def test_fit_line():
