@@ -36,6 +36,7 @@ compute and communication time) plug straight into :class:`Compute` and :class:`
 from __future__ import annotations
 
 import math
+import textwrap
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
@@ -467,7 +468,7 @@ def plot_scaling(points: Sequence[ScalingPoint], path, title: str = ""):
     ax.plot(ranks, [p.speedup for p in points], "o-", label="model")
     ax.set_xlabel("ranks R")
     ax.set_ylabel("speedup over 1 rank")
-    ax.set_title(title, fontsize=9)
+    ax.set_title(textwrap.fill(title, 80), fontsize=8)
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
