@@ -4,7 +4,8 @@
 Distribution pays iff T_sync/T_comp < R − 1. T_comp and T_sync come from flags, from a
 calibration measured on your machine, or from a network's α and β and your parameter count:
 
-    mpiexec -n 2 python examples/speedup.py --calibrate --save results/calibration.json
+    python examples/speedup.py --calibrate --save results/calibration.json    # starts mpiexec -n 2
+    mpiexec -n 4 python examples/speedup.py --calibrate                        # or measure at 4
     python examples/speedup.py --calibration results/calibration.json --ranks 1,2,4,8,16
     python examples/speedup.py --calibration results/calibration.json --network 10gbe
     python examples/speedup.py --t-comp 0.008 --network ib100 --params 1863690 --ranks 1,2,4,8,64
@@ -16,8 +17,7 @@ from pathlib import Path
 from mpi_sgd import perfmodel as pm
 from mpi_sgd.args import ArgumentParser
 from mpi_sgd.argtypes import nbytes, nonneg_float, positive_float, positive_int, positive_ints
-from mpi_sgd.calibrate import PRESETS, Calibration, calibrate, sweep_sizes
-from mpi_sgd.launch import placement
+from mpi_sgd.calibrate import PRESETS, Calibration, run_calibration
 
 parser = ArgumentParser(description=__doc__)
 flag = parser.add_argument
@@ -52,25 +52,19 @@ if args.t_sync is None and not (network_given or measured):
     parser.error("give --t-sync, --alpha/--beta, --network or a calibration")
 if args.t_sync is None and not (args.params or measured):
     parser.error("an α-β cost needs --params (the gradient size) unless a calibration supplies it")
-if args.calibrate and placement().size == 1 and args.t_sync is None and not network_given:
-    parser.error("α and β need two ranks: mpiexec -n 2 python examples/speedup.py --calibrate")
 if args.scaling == "strong" and max(args.ranks) > args.batch:
     parser.error(f"strong scaling splits --batch {args.batch} over up to {max(args.ranks)} ranks")
 
 calib = None
-if args.calibrate:
-    from mpi_sgd.comm import init
-
-    comm = init("mpi4py")
-    calib = calibrate(comm, sweep_sizes(max_bytes=args.max_bytes), args.layers, args.batch, args.algorithm)
-    if not comm.is_root:
-        sys.exit(0)  # the model is arithmetic: one rank prints it
-    print(
-        f"measured at {comm.size} rank(s): T_comp {calib.step.seconds * 1e3:.3f} ms "
-        f"({calib.step.model}, batch {args.batch}); {calib.network.describe()}"
-    )
+if args.calibrate:  # as one process, α and β are measured by an mpiexec -n 2 job it starts
+    need_network = args.t_sync is None and not network_given
+    calib = run_calibration(args.save, args.max_bytes, args.layers, args.batch, args.algorithm, need_network)
+    if calib is None:
+        sys.exit(0)  # not the root: the model is arithmetic, one rank prints it
+    print(f"measured at {calib.meta['ranks']} rank(s): T_comp {calib.step.seconds * 1e3:.3f} ms "
+          f"({calib.step.model}, batch {args.batch}); {calib.network.describe()}")  # fmt: skip
     if args.save:
-        print(f"calibration saved to {calib.save(args.save)}")
+        print(f"calibration saved to {args.save}")
 elif args.calibration:
     try:
         calib = Calibration.load(args.calibration)

@@ -319,3 +319,70 @@ def _mpi_library() -> str:
         return MPI.Get_library_version().splitlines()[0].strip()
     except Exception:  # no MPI here: the calibration still records the rest
         return "none"
+
+
+# -- running it -----------------------------------------------------------------------------------
+def run_calibration(
+    save: str | os.PathLike | None = None,
+    max_bytes: int = 16 << 20,
+    layers: Sequence[int] = (784, 1024, 1024, 10),
+    batch: int = 64,
+    algorithm: str = "ring",
+    need_network: bool = True,
+    spawn_ranks: int = 2,
+) -> Calibration | None:
+    """Calibrate from wherever this is called; the root gets the result, other ranks ``None``.
+
+    Under mpiexec every rank measures together. As one process that needs α and β, it starts
+    ``mpiexec -n spawn_ranks python -m mpi_sgd.calibrate`` and reads back what that job saved;
+    as one process that needs only T_comp (the network comes from elsewhere), it measures here.
+    """
+    from .launch import placement
+
+    if placement().size == 1 and need_network:
+        import subprocess
+        import tempfile
+
+        from .launch import mpiexec_command
+
+        out = Path(save) if save else Path(tempfile.mkdtemp()) / "calibration.json"
+        flags = ["--max-bytes", str(max_bytes), "--layers", ",".join(map(str, layers)), "--batch", str(batch)]
+        cmd, env = mpiexec_command(spawn_ranks, "-m", "mpi_sgd.calibrate", "--save", str(out), *flags,
+                                   "--algorithm", algorithm)  # fmt: skip
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"{' '.join(cmd)} failed (exit {done.returncode}):\n{done.stdout}{done.stderr}")
+        return Calibration.load(out)
+    from .comm import init
+
+    comm = init("mpi4py")
+    cal = calibrate(comm, sweep_sizes(max_bytes=max_bytes), layers, batch, algorithm)
+    if not comm.is_root:
+        return None
+    if save:
+        cal.save(save)
+    return cal
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``mpiexec -n 2 python -m mpi_sgd.calibrate --save FILE``: measure, and the root saves."""
+    from .args import ArgumentParser
+    from .argtypes import nbytes, positive_int, positive_ints
+
+    parser = ArgumentParser(prog="python -m mpi_sgd.calibrate", description=__doc__)
+    parser.add_argument("--save", type=Path, required=True, help="JSON file to write (on the root rank)")
+    parser.add_argument("--max-bytes", type=nbytes, default=16 << 20, help="largest all-reduce (default 16MiB)")
+    parser.add_argument("--layers", type=positive_ints, default=[784, 1024, 1024, 10], help="MLP widths to time")
+    parser.add_argument("--batch", type=positive_int, default=64, help="per-rank batch for T_comp (default 64)")
+    parser.add_argument("--algorithm", choices=ALLREDUCE_ALGORITHMS, default="ring", help="cost formula to fit")
+    args = parser.parse_args(argv)
+    cal = run_calibration(args.save, args.max_bytes, args.layers, args.batch, args.algorithm, need_network=False)
+    if cal is not None:
+        print(f"{cal.meta['ranks']} rank(s): T_comp {cal.step.seconds * 1e3:.3f} ms; {cal.network.describe()}")
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main())

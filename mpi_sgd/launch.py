@@ -101,3 +101,24 @@ def pin_threads(local_size: int) -> int:
     if "OMP_NUM_THREADS" not in os.environ:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, local_size)))
     return torch.get_num_threads()
+
+
+def mpiexec_command(ranks: int, *argv: str) -> tuple[list[str], dict[str, str]]:
+    """The command and environment that start ``ranks`` copies of this Python running ``argv``.
+
+    For commands that, started as one process, launch an MPI job of their own. The launcher is
+    ``MPI_SGD_MPIEXEC`` if set, else the ``mpiexec`` installed beside this Python (the MPI wheel
+    puts it there), else the one on PATH. Launcher variables of an enclosing job are dropped so
+    the new job does not mistake itself for part of it.
+    """
+    import shutil
+    from pathlib import Path
+
+    mpiexec = (
+        os.environ.get("MPI_SGD_MPIEXEC")
+        or shutil.which("mpiexec", path=str(Path(sys.executable).parent))
+        or shutil.which("mpiexec")
+        or "mpiexec"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "HYDRA_", "OMPI_", "PMIX_"))}
+    return [mpiexec, "-n", str(ranks), sys.executable, *argv], env

@@ -21,14 +21,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 from ..argtypes import nbytes, positive_int, positive_ints
-from ..launch import placement
+from ..launch import mpiexec_command, placement
 from .report import human_bytes, markdown_table, new_figure, write_json
 
 SIZES = (10**6, 10**7, 10**8, 10**9)
@@ -118,19 +116,13 @@ def column(args) -> int:
     return 0
 
 
-def _mpiexec() -> str:
-    found = os.environ.get("MPI_SGD_MPIEXEC") or shutil.which("mpiexec", path=str(Path(sys.executable).parent))
-    return found or shutil.which("mpiexec") or "mpiexec"
-
-
 def launch(args) -> int:
     """As one process: one mpiexec per worker count, then the merged table, JSON and PNG."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "HYDRA_", "OMPI_", "PMIX_"))}
     passed = ["--max-bytes", str(args.max_bytes), "--backends", ",".join(args.backends), "--out-dir", args.out_dir,
               "--warmup", str(args.warmup), "--iterations", str(args.iterations)]  # fmt: skip
     rows = []
     for w in args.workers:
-        cmd = [_mpiexec(), "-n", str(w), sys.executable, "-m", "mpi_sgd.cli", "bench", "seed002", *passed]
+        cmd, env = mpiexec_command(w, "-m", "mpi_sgd.cli", "bench", "seed002", *passed)
         print(f"$ {' '.join(cmd)}", flush=True)
         done = subprocess.run(cmd, env=env, capture_output=True, text=True)
         if done.returncode != 0:
