@@ -16,7 +16,7 @@ from pathlib import Path
 
 from mpi_sgd import perfmodel as pm
 from mpi_sgd.args import ArgumentParser
-from mpi_sgd.argtypes import nbytes, nonneg_float, positive_float, positive_int, positive_ints
+from mpi_sgd.argtypes import nbytes, nonneg_float, positive_float, positive_int, positive_ints, rank_list
 from mpi_sgd.calibrate import PRESETS, Calibration, run_calibration
 
 parser = ArgumentParser(description=__doc__)
@@ -34,7 +34,7 @@ flag("--gamma", type=nonneg_float, default=0.0, help="seconds per byte reduced (
 flag("--network", choices=sorted(PRESETS), help="what-if: a typical network's α, β, γ")
 flag("--params", type=positive_int, help="model parameters (float32 gradients), for α-β costs")
 flag("--algorithm", choices=pm.ALLREDUCE_ALGORITHMS, default="ring", help="all-reduce cost formula")
-flag("--ranks", type=positive_ints, default=[1, 2, 4, 8], help="R values (default 1,2,4,8)")
+flag("--ranks", type=rank_list, default=[1, 2, 4, 8], help="R values (default 1,2,4,8)")
 flag("--samples", type=positive_int, default=60_000, help="N, samples per epoch (default 60000)")
 flag("--batch", type=positive_int, default=64, help="B: per-rank (weak) or global (strong) batch (64)")
 flag("--scaling", choices=pm.SCALINGS, default="weak", help="weak: fixed per-rank B; strong: fixed global B")
@@ -52,6 +52,8 @@ if args.t_sync is None and not (network_given or measured):
     parser.error("give --t-sync, --alpha/--beta, --network or a calibration")
 if args.t_sync is None and not (args.params or measured):
     parser.error("an α-β cost needs --params (the gradient size) unless a calibration supplies it")
+if len(args.layers) < 2:
+    parser.error("--layers needs at least an input and an output width, e.g. 784,1024,10")
 if args.scaling == "strong" and max(args.ranks) > args.batch:
     parser.error(f"strong scaling splits --batch {args.batch} over up to {max(args.ranks)} ranks")
 

@@ -42,11 +42,16 @@ def positive_int(text: str) -> int:
 
 
 def positive_ints(text: str) -> list[int]:
-    """'1,2,4,8' -> [1, 2, 4, 8]: each at least 1, duplicates dropped, order kept."""
+    """'784,1024,1024,10' -> [784, 1024, 1024, 10]: each at least 1, order and repeats kept."""
     values = [positive_int(part.strip()) for part in text.split(",") if part.strip()]
     if not values:
         raise argparse.ArgumentTypeError(f"expected a comma-separated list of integers, got {text!r}")
-    return list(dict.fromkeys(values))
+    return values
+
+
+def rank_list(text: str) -> list[int]:
+    """'8,1,2,4,2' -> [1, 2, 4, 8]: world sizes to tabulate, sorted, each once."""
+    return sorted(set(positive_ints(text)))
 
 
 def nbytes(text: str) -> int:

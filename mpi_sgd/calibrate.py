@@ -242,6 +242,8 @@ def mlp(sizes: Sequence[int] = (784, 1024, 1024, 10)):
     """Linear layers with ReLU between them: a model whose size one flag changes."""
     import torch.nn as nn
 
+    if len(sizes) < 2:
+        raise ValueError(f"an MLP needs at least an input and an output width, got {list(sizes)}")
     layers = []
     for i, (n_in, n_out) in enumerate(zip(sizes[:-1], sizes[1:], strict=False)):
         layers.append(nn.Linear(n_in, n_out))

@@ -23,7 +23,7 @@ import argparse
 import statistics
 import time
 
-from ..argtypes import positive_int, positive_ints
+from ..argtypes import positive_int, rank_list
 from .report import markdown_table, new_figure, write_json
 
 INPUTS = 100
@@ -134,7 +134,7 @@ def add_parser(subparsers) -> None:
     p.add_argument(
         "--models", type=model_spec, default=[(0, 10), (3, 100), (3, 400)], help="LAYERSxWIDTH list (0x10,3x100,3x400)"
     )
-    p.add_argument("--samples", type=positive_ints, default=[16384, 131072], help="samples per epoch (16384,131072)")
+    p.add_argument("--samples", type=rank_list, default=[16384, 131072], help="samples per epoch (16384,131072)")
     p.add_argument("--batch", type=positive_int, default=32, help="batch size (default 32, as in the seed)")
     p.add_argument("--epochs", type=positive_int, default=1, help="epochs per run (default 1)")
     p.add_argument("--repeats", type=positive_int, default=3, help="runs per cell; the median is reported (3)")

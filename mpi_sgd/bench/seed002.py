@@ -9,9 +9,10 @@ as a single process this command launches ``mpiexec -n W`` for each ``--workers`
 command in ``MPI_SGD_MPIEXEC``, else the ``mpiexec`` beside this Python), waits for each, and
 merges the columns they wrote. Started under mpiexec it measures the current world only.
 
-Timing follows the seed's practice: warm-up calls discarded (5; OSU-style, 1 above 100 MB, where
-one call takes seconds), a barrier before each timed block, and the per-rank figures gathered
-so the table shows avg with min and max across ranks. Sizes are the seed's decimal 1, 10, 100
+Timing follows the seed's practice: 5 warm-up calls discarded, then 10 timed, with a barrier
+before each timed block, and the per-rank figures gathered so the table shows the average with
+min and max across ranks. From 100 MB on, where one call takes seconds, it is 1 and 3, as OSU
+also lowers its counts for large messages. Sizes are the seed's decimal 1, 10, 100
 and 1000 MB of float32. Backends run one after another, never interleaved, so a rank holds one
 1 GB buffer at a time. Worker counts above the core count oversubscribe: those columns measure
 contention as much as the transport; the seed's own 4- and 6-worker rows came from a laptop.
@@ -25,7 +26,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ..argtypes import nbytes, positive_int, positive_ints
+from ..argtypes import nbytes, positive_int, rank_list
 from ..launch import mpiexec_command, placement
 from .report import human_bytes, markdown_table, new_figure, write_json
 
@@ -163,7 +164,7 @@ def add_parser(subparsers) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--workers", type=positive_ints, default=[2, 4, 6], help="worker counts to launch (2,4,6)")
+    p.add_argument("--workers", type=rank_list, default=[2, 4, 6], help="worker counts to launch (2,4,6)")
     p.add_argument("--max-bytes", type=nbytes, default=1 << 30, help="largest size, at least 1MB (default 1GiB)")
     p.add_argument("--backends", type=_backend_list, default=["mpi4py", "gloo", "nccl"],
                    help="mpi4py (the seam), gloo, nccl (skipped without CUDA) (default all three)")  # fmt: skip

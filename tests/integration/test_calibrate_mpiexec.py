@@ -21,7 +21,7 @@ if int(os.environ.get("PMI_SIZE", os.environ.get("OMPI_COMM_WORLD_SIZE", "1"))) 
 
 def test_calibrate_from_one_process_then_reuse(tmp_path):
     cal_path = tmp_path / "calibration.json"
-    tiny = ["--max-bytes", "64KiB", "--layers", "16,32,4", "--batch", "8"]
+    tiny = ["--max-bytes", "64KiB", "--layers", "16,32,32,4", "--batch", "8"]
     out = subprocess.run(
         [sys.executable, str(SCRIPT), "--calibrate", *tiny, "--save", str(cal_path), "--plot", str(tmp_path / "a.png")],
         capture_output=True, text=True, timeout=120, env={**os.environ, "MPIEXEC_TIMEOUT": "100"},
@@ -31,6 +31,7 @@ def test_calibrate_from_one_process_then_reuse(tmp_path):
 
     cal = Calibration.load(cal_path)
     assert cal.meta["ranks"] == 2 and len(cal.sweep) == 8  # 4 B .. 64 KiB by factors of 4
+    assert cal.step.model == "mlp 16-32-32-4"  # the flags reached the mpiexec job intact
     assert cal.network.alpha >= 0 and cal.network.beta > 0
 
     again = subprocess.run(

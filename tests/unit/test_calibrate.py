@@ -132,7 +132,8 @@ def test_sweep_sizes():
         (argtypes.nbytes, "16MiB", 16 << 20),
         (argtypes.nbytes, "64 KB", 64 << 10),
         (argtypes.nbytes, "4096", 4096),
-        (argtypes.positive_ints, "1,2,4,2", [1, 2, 4]),
+        (argtypes.positive_ints, "784,1024,1024,10", [784, 1024, 1024, 10]),  # layer widths repeat
+        (argtypes.rank_list, "8,1,2,4,2", [1, 2, 4, 8]),
         (argtypes.nonneg_float, "0", 0.0),
         (argtypes.positive_float, "1e-3", 1e-3),
     ],

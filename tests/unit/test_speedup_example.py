@@ -64,6 +64,7 @@ def test_calibration_file(tmp_path):
         ["--t-comp", "1", "--alpha", "1e-6"],  # alpha without beta
         ["--t-comp", "1", "--t-sync", "1", "--scaling", "strong", "--batch", "4", "--ranks", "8"],
         ["--calibration", "no-such-file.json", "--t-sync", "1"],
+        ["--calibrate", "--t-sync", "1", "--layers", "784"],  # an MLP needs two widths
     ],
 )
 def test_bad_input_exits_2_with_usage(args, tmp_path):
