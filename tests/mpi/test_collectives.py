@@ -109,8 +109,9 @@ def test_reduce_scatter(comm, dtype, n):
     start = sum(counts[: comm.rank])
     full = reference("sum", comm.size, n, dtype)
     if dtype.startswith("float"):
-        np.testing.assert_allclose(out.numpy(), full[start : start + counts[comm.rank]],
-                                   rtol=(comm.size + 1) * np.finfo(dtype).eps, atol=1e-5)
+        np.testing.assert_allclose(
+            out.numpy(), full[start : start + counts[comm.rank]], rtol=(comm.size + 1) * np.finfo(dtype).eps, atol=1e-5
+        )
     else:
         np.testing.assert_array_equal(out.numpy(), full[start : start + counts[comm.rank]])
 
