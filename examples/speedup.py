@@ -17,6 +17,7 @@ from pathlib import Path
 from mpi_sgd import perfmodel as pm
 from mpi_sgd.args import ArgumentParser
 from mpi_sgd.argtypes import nbytes, nonneg_float, positive_float, positive_int, positive_ints, rank_list
+from mpi_sgd.bench.report import markdown_table
 from mpi_sgd.calibrate import PRESETS, Calibration, run_calibration
 
 parser = ArgumentParser(description=__doc__)
@@ -87,7 +88,7 @@ else:
 points = pm.scaling(compute, sync, args.ranks, args.samples, args.batch, args.scaling)
 print(f"T_comp = {compute.t_comp:g} s at batch {compute.batch}; {sync.describe()}")
 print(f"N = {args.samples} samples, B = {args.batch} ({args.scaling} scaling)\n")
-print(pm.markdown_table(pm.TABLE_HEADERS, pm.table_rows(points)))
+print(markdown_table(pm.TABLE_HEADERS, pm.table_rows(points)))
 print("\ndistribution pays iff T_sync/T_comp < R - 1 (seed 003)")
 
 args.plot.parent.mkdir(parents=True, exist_ok=True)

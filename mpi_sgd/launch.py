@@ -111,14 +111,14 @@ def mpiexec_command(ranks: int, *argv: str) -> tuple[list[str], dict[str, str]]:
     puts it there), else the one on PATH. Launcher variables of an enclosing job are dropped so
     the new job does not mistake itself for part of it.
     """
+    import shlex
     import shutil
     from pathlib import Path
 
-    mpiexec = (
-        os.environ.get("MPI_SGD_MPIEXEC")
-        or shutil.which("mpiexec", path=str(Path(sys.executable).parent))
-        or shutil.which("mpiexec")
-        or "mpiexec"
-    )
+    if os.environ.get("MPI_SGD_MPIEXEC"):
+        mpiexec = shlex.split(os.environ["MPI_SGD_MPIEXEC"])  # may carry flags: "mpiexec --oversubscribe"
+    else:
+        beside = shutil.which("mpiexec", path=str(Path(sys.executable).parent))
+        mpiexec = [beside or shutil.which("mpiexec") or "mpiexec"]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "HYDRA_", "OMPI_", "PMIX_"))}
-    return [mpiexec, "-n", str(ranks), sys.executable, *argv], env
+    return [*mpiexec, "-n", str(ranks), sys.executable, *argv], env

@@ -446,23 +446,12 @@ def table_rows(points: Sequence[ScalingPoint]) -> list[tuple[str, ...]]:
     return rows
 
 
-def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    cells = [list(headers)] + [list(r) for r in rows]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
-    lines = ["| " + " | ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) + " |" for r in cells]
-    lines.insert(1, "|" + "|".join("-" * (w + 1) + ":" for w in widths) + "|")
-    return "\n".join(lines)
-
-
 def plot_scaling(points: Sequence[ScalingPoint], path, title: str = ""):
     """Speedup against R with the ideal line and the break-even line, as a PNG."""
-    import matplotlib
-
-    matplotlib.use("Agg")  # files only: compute nodes have no display
-    import matplotlib.pyplot as plt
+    from .bench.report import new_figure  # matplotlib, imported only when a plot is asked for
 
     ranks = [p.ranks for p in points]
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, ax = new_figure(figsize=(6, 4))
     ax.plot(ranks, ranks, "--", color="grey", label="ideal (T_sync = 0)")
     ax.axhline(1.0, color="red", lw=1, label="break-even")
     ax.plot(ranks, [p.speedup for p in points], "o-", label="model")
@@ -472,5 +461,5 @@ def plot_scaling(points: Sequence[ScalingPoint], path, title: str = ""):
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
-    plt.close(fig)
+    fig.clf()
     return path

@@ -1,22 +1,19 @@
 """``python examples/speedup.py --calibrate`` end to end: as one process it starts ``mpiexec -n 2
 python -m mpi_sgd.calibrate`` for α and β, prints the table, and the saved file is reused."""
 
+from __future__ import annotations
+
 import os
 import re
 import subprocess
 import sys
-from pathlib import Path
-
-import pytest
 
 from mpi_sgd.calibrate import Calibration
 
-ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "examples" / "speedup.py"
-EIGHT_RANKS_ROW = re.compile(r"^\|\s*8 \|", re.MULTILINE)  # the table's last default row, R = 8
+from .conftest import EXAMPLES
 
-if int(os.environ.get("PMI_SIZE", os.environ.get("OMPI_COMM_WORLD_SIZE", "1"))) > 1:
-    pytest.skip("launches its own mpiexec; not from inside an MPI job", allow_module_level=True)
+SCRIPT = EXAMPLES / "speedup.py"
+EIGHT_RANKS_ROW = re.compile(r"^\|\s*8 \|", re.MULTILINE)  # the table's last default row, R = 8
 
 
 def test_calibrate_from_one_process_then_reuse(tmp_path):

@@ -165,9 +165,9 @@ def test_mpiexec_command_drops_the_enclosing_job(monkeypatch):
 
     from mpi_sgd.launch import mpiexec_command
 
-    monkeypatch.setenv("MPI_SGD_MPIEXEC", "/opt/mpi/bin/mpiexec")
+    monkeypatch.setenv("MPI_SGD_MPIEXEC", "/opt/mpi/bin/mpiexec --oversubscribe")
     monkeypatch.setenv("PMI_RANK", "1")
     monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "4")
     cmd, env = mpiexec_command(2, "-m", "mpi_sgd.calibrate")
-    assert cmd == ["/opt/mpi/bin/mpiexec", "-n", "2", sys.executable, "-m", "mpi_sgd.calibrate"]
+    assert cmd == ["/opt/mpi/bin/mpiexec", "--oversubscribe", "-n", "2", sys.executable, "-m", "mpi_sgd.calibrate"]
     assert "PMI_RANK" not in env and "OMPI_COMM_WORLD_SIZE" not in env and env["MPI_SGD_MPIEXEC"]

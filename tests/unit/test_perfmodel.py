@@ -6,6 +6,7 @@ import random
 import pytest
 
 from mpi_sgd import perfmodel as pm
+from mpi_sgd.bench.report import markdown_table
 
 
 # -- seed 003: break-even ---------------------------------------------------------------------
@@ -200,7 +201,7 @@ def test_table_rows_print_the_seed_figures():
     rows = pm.table_rows(points)
     assert [r[6] for r in rows] == ["1.00", "1.00", "1.50"]
     assert [r[8] for r in rows] == ["baseline", "no", "yes"]
-    table = pm.markdown_table(pm.TABLE_HEADERS, rows)
+    table = markdown_table(pm.TABLE_HEADERS, rows)
     assert table.count("\n") == 4 and table.startswith("| R |")
 
 
