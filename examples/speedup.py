@@ -20,15 +20,16 @@ from mpi_sgd.argtypes import nbytes, nonneg_float, positive_float, positive_int,
 from mpi_sgd.bench.report import markdown_table
 from mpi_sgd.calibrate import PRESETS, Calibration, run_calibration
 
+LAYERS = [784, 1024, 1024, 10]  # the MLP whose step --calibrate times
 parser = ArgumentParser(description=__doc__)
 flag = parser.add_argument
 flag("--t-comp", type=positive_float, help="seconds of forward+backward+step per batch, one rank")
 flag("--t-sync", type=nonneg_float, help="seconds of gradient all-reduce per step at R > 1")
 flag("--calibration", type=Path, help="JSON written by --calibrate --save")
-flag("--calibrate", action="store_true", help="measure T_comp (and α, β under mpiexec) here")
+flag("--calibrate", action="store_true", help="measure T_comp, α, β here (one process starts mpiexec -n 2)")
 flag("--save", type=Path, help="with --calibrate: write the calibration to this JSON file")
 flag("--max-bytes", type=nbytes, default=16 << 20, help="with --calibrate: largest all-reduce (16MiB)")
-flag("--layers", type=positive_ints, default=[784, 1024, 1024, 10], help="with --calibrate: MLP widths")
+flag("--layers", type=positive_ints, default=LAYERS, help="with --calibrate: MLP widths (784,1024,1024,10)")
 flag("--alpha", type=nonneg_float, help="latency per message, seconds")
 flag("--beta", type=nonneg_float, help="seconds per byte sent (1/bandwidth)")
 flag("--gamma", type=nonneg_float, default=0.0, help="seconds per byte reduced (default 0)")
