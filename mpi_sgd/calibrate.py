@@ -59,6 +59,12 @@ class SweepPoint:
     max_s: float
     algorithm: str = "ring"  # the cost formula this point is fitted with
 
+    def __post_init__(self):
+        if self.nbytes < 1 or self.ranks < 1 or not 0 <= self.min_s <= self.avg_s <= self.max_s:
+            raise ValueError(f"not a sweep measurement: {self}")
+        if self.algorithm not in ALLREDUCE_ALGORITHMS:
+            raise ValueError(f"unknown algorithm {self.algorithm!r}")
+
 
 @dataclass(frozen=True)
 class StepTiming:
@@ -69,6 +75,10 @@ class StepTiming:
     params: int
     model: str
     torch_threads: int = 1
+
+    def __post_init__(self):
+        if not self.seconds > 0 or self.batch < 1 or self.params < 1:
+            raise ValueError(f"not a step measurement: {self}")
 
     @property
     def grad_bytes(self) -> int:

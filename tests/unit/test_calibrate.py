@@ -171,3 +171,18 @@ def test_mpiexec_command_drops_the_enclosing_job(monkeypatch):
     cmd, env = mpiexec_command(2, "-m", "mpi_sgd.calibrate")
     assert cmd == ["/opt/mpi/bin/mpiexec", "--oversubscribe", "-n", "2", sys.executable, "-m", "mpi_sgd.calibrate"]
     assert "PMI_RANK" not in env and "OMPI_COMM_WORLD_SIZE" not in env and env["MPI_SGD_MPIEXEC"]
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: SweepPoint(0, 2, 1e-6, 1e-6, 1e-6),
+        lambda: SweepPoint(4, 2, 2e-6, 1e-6, 3e-6),  # min above avg
+        lambda: SweepPoint(4, 2, 1e-6, 1e-6, 1e-6, "tree"),
+        lambda: StepTiming(0.0, 64, 1000, "mlp"),
+        lambda: StepTiming(0.01, 0, 1000, "mlp"),
+    ],
+)
+def test_measurements_are_validated(make):
+    with pytest.raises(ValueError):
+        make()
