@@ -24,9 +24,10 @@ samples for ``N/B`` steps; :class:`Compute` assumes step time is linear in the b
 ``T_comp(b) = t_fixed + (T_comp − t_fixed)·b/B``, ``t_fixed`` being the part no batch size
 shrinks (the optimizer step, Python overhead).
 
-**Communication (Hockney's α-β model, plus γ for the reduction).** Sending ``n`` bytes costs
-``α + n·β``; combining ``n`` bytes costs ``n·γ``. Each algorithm below is a triple of
-coefficients ``(a, b, c)`` with cost ``a·α + b·β + c·γ``, so the same formulas serve prediction
+**Communication.** Hockney's α-β model (1994) with γ for the reduction, as Thakur et al. (2005)
+use it: sending ``n`` bytes costs ``α + n·β``, combining ``n`` bytes costs ``n·γ``. Each
+algorithm below is a triple of coefficients ``(a, b, c)`` with cost ``a·α + b·β + c·γ``, so the
+same formulas serve prediction
 (:meth:`Network.time`) and calibration by least squares (:mod:`mpi_sgd.calibrate`).
 
 Everything here is plain arithmetic: no MPI, no torch. Measured per-step seconds (a trainer's
@@ -257,7 +258,7 @@ def _log2_floor(p: int) -> int:
 
 
 def _fold_to_power_of_two(n: float, p: int) -> tuple[int, Coefficients]:
-    """MPICH's non-power-of-two trick (Thakur et al. 2005, §4.4): fold the extra r = p − p' ranks in.
+    """MPICH's non-power-of-two trick (Thakur et al. 2005): fold the extra r = p − p' ranks in.
 
     Before: r ranks send their whole vector to a partner, which reduces it (α + nβ + nγ).
     After: the partners send the result back (α + nβ). Returns p' and those two extra steps.
@@ -287,7 +288,7 @@ def recursive_doubling_allreduce(n: float, p: int) -> Coefficients:
 
     In step k each rank exchanges its whole vector with the rank 2^k away and reduces (Thakur,
     Rabenseifner & Gropp, "Optimization of Collective Communication Operations in MPICH",
-    IJHPCA 19(1), 2005, §4.4: MPICH's choice for short messages). Other p pay two extra steps,
+    IJHPCA 19(1), 2005: MPICH's choice for short messages). Other p pay two extra steps,
     see :func:`_fold_to_power_of_two`.
     """
     _check_count("p", p)
@@ -302,7 +303,7 @@ def rabenseifner_allreduce(n: float, p: int) -> Coefficients:
     """Rabenseifner: 2 lg p·α + 2(p−1)/p·nβ + (p−1)/p·nγ for p a power of two.
 
     A reduce-scatter by recursive halving then an allgather by recursive doubling (Thakur,
-    Rabenseifner & Gropp 2005, §4.4: MPICH's choice for long messages). Bandwidth-optimal like
+    Rabenseifner & Gropp 2005: MPICH's choice for long messages). Bandwidth-optimal like
     the ring, with only logarithmically many messages; other p pay two extra full-vector steps.
     """
     _check_count("p", p)
@@ -314,7 +315,7 @@ def rabenseifner_allreduce(n: float, p: int) -> Coefficients:
 
 
 def binomial_broadcast(n: float, p: int) -> Coefficients:
-    """Binomial-tree broadcast: ⌈lg p⌉·(α + nβ) (Thakur, Rabenseifner & Gropp 2005, §4.1).
+    """Binomial-tree broadcast: ⌈lg p⌉·(α + nβ) (Thakur, Rabenseifner & Gropp 2005).
 
     The set of ranks holding the data doubles each step; no reduction, so no γ. This is what
     sending the initial weights from the root costs, once per run.
@@ -325,7 +326,7 @@ def binomial_broadcast(n: float, p: int) -> Coefficients:
 
 
 def allreduce_bandwidth_bound(n: float, p: int) -> Coefficients:
-    """Lower bound on any all-reduce's β term: 2(p−1)/p·nβ (Patarasuk & Yuan 2009, §3).
+    """Lower bound on any all-reduce's β term: 2(p−1)/p·nβ (Patarasuk & Yuan 2009).
 
     Every rank must send out, and receive, at least (p−1)/p of its data for the reduction
     and again for the result. Ring and Rabenseifner meet it; recursive doubling does not.
