@@ -27,8 +27,8 @@ shrinks (the optimizer step, Python overhead).
 **Communication.** Hockney's α-β model (1994) with γ for the reduction, as Thakur et al. (2005)
 use it: sending ``n`` bytes costs ``α + n·β``, combining ``n`` bytes costs ``n·γ``. Each
 algorithm below is a triple of coefficients ``(a, b, c)`` with cost ``a·α + b·β + c·γ``, so the
-same formulas serve prediction
-(:meth:`Network.time`) and calibration by least squares (:mod:`mpi_sgd.calibrate`).
+same formulas serve prediction (:meth:`Network.time`) and calibration by least squares
+(:mod:`mpi_sgd.calibrate`).
 
 Everything here is plain arithmetic: no MPI, no torch. Measured per-step seconds (a trainer's
 compute and communication time) plug straight into :class:`Compute` and :class:`FixedSync`.
