@@ -36,8 +36,8 @@ def test_03_collectives(n):
     assert "all collectives agree with the one-process reference" in out
 
 
-@pytest.mark.parametrize("n", SIZES)
-@pytest.mark.parametrize("dtype", ["float32", "int64"])
+# Integers at the odd size, where the ring's segments are uneven; floats elsewhere.
+@pytest.mark.parametrize("n, dtype", [(1, "float32"), (2, "float32"), (3, "int64"), (4, "float64")])
 def test_04_ring_allreduce(n, dtype):
     out = run_mpi(
         n, str(EXAMPLES / "04_ring_allreduce.py"), "--length", "10007", "--dtype", dtype, "--iterations", "5"
