@@ -15,8 +15,7 @@ import sys
 from pathlib import Path
 
 from mpi_sgd import perfmodel as pm
-from mpi_sgd.args import ArgumentParser
-from mpi_sgd.argtypes import nbytes, nonneg_float, positive_float, positive_int, positive_ints, rank_list
+from mpi_sgd.args import ArgumentParser, nbytes, nonneg_float, positive_float, positive_int, positive_ints, rank_list
 from mpi_sgd.bench.report import markdown_table
 from mpi_sgd.calibrate import PRESETS, Calibration, run_calibration
 

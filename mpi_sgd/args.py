@@ -9,6 +9,7 @@ waiting in a collective for a peer that has gone.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 
 from .launch import placement
@@ -24,3 +25,58 @@ class ArgumentParser(argparse.ArgumentParser):
             self.print_usage(sys.stderr)
             sys.stderr.write(f"{self.prog}: error: {message}\n")
         sys.exit(2)
+
+
+# -- argparse ``type=`` functions: a bad value becomes the usage, the message and exit 2 ----
+def _number(text: str, kind=float):
+    try:
+        value = kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if kind is float and not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"not a finite number: {text!r}")
+    return value
+
+
+def nonneg_float(text: str) -> float:
+    value = _number(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    value = _number(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    value = _number(text, int)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {text}")
+    return value
+
+
+def positive_ints(text: str) -> list[int]:
+    """'784,1024,1024,10' -> [784, 1024, 1024, 10]: each at least 1, order and repeats kept."""
+    values = [positive_int(part.strip()) for part in text.split(",") if part.strip()]
+    if not values:
+        raise argparse.ArgumentTypeError(f"expected a comma-separated list of integers, got {text!r}")
+    return values
+
+
+def rank_list(text: str) -> list[int]:
+    """'8,1,2,4,2' -> [1, 2, 4, 8]: world sizes to tabulate, sorted, each once."""
+    return sorted(set(positive_ints(text)))
+
+
+def nbytes(text: str) -> int:
+    """'4096', '64KiB', '16MiB', '1GiB' -> bytes. 'MB' is read as MiB, as OSU does."""
+    from .bench.report import parse_bytes
+
+    try:
+        return parse_bytes(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None

@@ -378,8 +378,7 @@ def run_calibration(
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``mpiexec -n 2 python -m mpi_sgd.calibrate --save FILE``: measure, and the root saves."""
-    from .args import ArgumentParser
-    from .argtypes import nbytes, positive_int, positive_ints
+    from .args import ArgumentParser, nbytes, positive_int, positive_ints
 
     parser = ArgumentParser(prog="python -m mpi_sgd.calibrate", description=__doc__)
     parser.add_argument("--save", type=Path, required=True, help="JSON file to write (on the root rank)")

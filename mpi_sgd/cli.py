@@ -7,14 +7,15 @@ Usage errors exit 2 with the usage, as argparse does, before any communication s
 
 from __future__ import annotations
 
-import argparse
 import sys
 
+from .args import ArgumentParser
 
-def build_parser() -> argparse.ArgumentParser:
+
+def build_parser() -> ArgumentParser:
     from .bench import cli as bench_cli
 
-    parser = argparse.ArgumentParser(prog="mpi-sgd", description=__doc__.splitlines()[0])
+    parser = ArgumentParser(prog="mpi-sgd", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     bench_cli.add_parser(sub)
     return parser

@@ -12,6 +12,7 @@ import os
 import re
 import socket
 import sys
+import time
 import traceback
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -91,6 +92,10 @@ def install_abort_hook(comm) -> None:
             f"mpi_sgd: rank {comm.rank} of {comm.size} on {socket.gethostname()} failed; aborting the job.\n{text}"
         )
         sys.stderr.flush()
+        # The launcher forwards our stderr through a pipe; MPI_Abort tears that down at once,
+        # and under load the message could be lost before it is forwarded. A moment's grace
+        # costs nothing next to a job that is ending anyway.
+        time.sleep(0.5)
         comm.abort(1)
 
     sys.excepthook = hook

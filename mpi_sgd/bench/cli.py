@@ -7,25 +7,8 @@ from __future__ import annotations
 
 import argparse
 
+from ..args import nbytes, positive_int
 from . import grid, seed002
-from .report import parse_bytes
-
-
-def _size(text: str) -> int:
-    try:
-        return parse_bytes(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
 
 
 def _impls(text: str) -> list[str]:
@@ -58,11 +41,12 @@ def add_parser(subparsers) -> None:
     p = kinds.add_parser(
         "allreduce",
         help="all-reduce sweep: seam vs raw mpi4py vs ring vs torch.distributed",
-        description=__import__(__name__.rsplit(".", 1)[0] + ".allreduce", fromlist=["_"]).__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Time all-reduce at power-of-two sizes, OSU style, implementations interleaved: the seam "
+        "on torch tensors (seam), raw mpi4py Allreduce on numpy (raw), the ring built from send/recv (ring), "
+        "torch.distributed gloo/nccl. Prints seam/raw and the seam's per-call overhead; writes JSON and PNG.",
     )
-    p.add_argument("--min-bytes", type=_size, default=4, help="smallest message (default 4 B)")
-    p.add_argument("--max-bytes", type=_size, default=64 << 20, help="largest message (default 64 MiB)")
+    p.add_argument("--min-bytes", type=nbytes, default=4, help="smallest message (default 4 B)")
+    p.add_argument("--max-bytes", type=nbytes, default=64 << 20, help="largest message (default 64 MiB)")
     p.add_argument(
         "--impls",
         type=_impls,
@@ -71,14 +55,14 @@ def add_parser(subparsers) -> None:
     )
     p.add_argument(
         "--iterations",
-        type=_positive_int,
+        type=positive_int,
         default=None,
         help="timed iterations per size (default: OSU's 1000 up to 8 KiB, 100 above)",
     )
     p.add_argument("--warmup", type=int, default=None, help="discarded iterations per size (default: OSU's 100/10)")
     p.add_argument(
         "--rounds",
-        type=_positive_int,
+        type=positive_int,
         default=5,
         help="interleaved blocks per implementation; each rank reports its median block (default 5)",
     )

@@ -23,7 +23,7 @@ import argparse
 import statistics
 import time
 
-from ..argtypes import positive_int, rank_list
+from ..args import positive_int, rank_list
 from .report import markdown_table, new_figure, write_json
 
 INPUTS = 100

@@ -26,7 +26,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ..argtypes import nbytes, positive_int, rank_list
+from ..args import nbytes, positive_int, rank_list
 from ..launch import mpiexec_command, placement
 from .report import human_bytes, markdown_table, new_figure, write_json
 

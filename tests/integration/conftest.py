@@ -9,10 +9,11 @@ from __future__ import annotations
 import os
 import shlex
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from mpi_sgd.launch import mpiexec_command
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
@@ -30,18 +31,10 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(skip)
 
 
-def mpiexec_command() -> list[str]:
-    """MPI_SGD_MPIEXEC (the Makefile sets it), else the mpiexec beside this Python, else PATH's."""
-    if os.environ.get("MPI_SGD_MPIEXEC"):
-        return shlex.split(os.environ["MPI_SGD_MPIEXEC"])
-    beside = Path(sys.executable).parent / "mpiexec"
-    return [str(beside) if beside.exists() else "mpiexec"]
-
-
 def run_mpi(n: int, *args: str, timeout: float = 120, env: dict | None = None, check: bool = True):
     """Run ``mpiexec -n n python args...``; return the CompletedProcess (stdout and stderr as text)."""
-    cmd = [*mpiexec_command(), "-n", str(n), sys.executable, *args]
-    full_env = {**os.environ, "MPIEXEC_TIMEOUT": str(int(timeout)), **(env or {})}
+    cmd, base_env = mpiexec_command(n, *args)
+    full_env = {**base_env, "MPIEXEC_TIMEOUT": str(int(timeout)), **(env or {})}
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout + 30, env=full_env)
     if check and proc.returncode != 0:
         raise AssertionError(

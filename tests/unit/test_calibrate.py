@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from mpi_sgd import argtypes
+from mpi_sgd import args as argtypes
 from mpi_sgd import perfmodel as pm
 from mpi_sgd.calibrate import (
     PRESETS,
