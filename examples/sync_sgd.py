@@ -41,9 +41,11 @@ dataset = dataset.to(dtype)
 dataset = data.Dataset(dataset.x.to(device), dataset.y.to(device), dataset.name)
 if comm.is_root:
     task = "classification" if dataset.classification else "regression"
-    print(f"{cfg.model} on {dataset.name} ({len(dataset)} samples, {task}); {comm.size} rank(s) x "
-          f"batch {cfg.batch_size} = effective batch {comm.size * cfg.batch_size}; "
-          f"{cfg.strategy} gradient averaging over {comm.backend}")
+    print(
+        f"{cfg.model} on {dataset.name} ({len(dataset)} samples, {task}); {comm.size} rank(s) x "
+        f"batch {cfg.batch_size} = effective batch {comm.size * cfg.batch_size}; "
+        f"{cfg.strategy} gradient averaging over {comm.backend}"
+    )
 
 # The same seed on every rank gives the same initial model; the broadcast from rank 0 makes it
 # certain. Afterwards each rank reseeds with seed + rank, since dropout masks must differ.
@@ -63,8 +65,10 @@ timeline = trainer.timeline() if cfg.timeline else None
 
 if comm.is_root:
     s = metrics["summary"]
-    print(f"{metrics['steps']} steps; per step T_comp {1e3 * s['t_comp']:.2f} ms, "
-          f"T_sync {1e3 * s['t_sync']:.2f} ms (slowest rank, mean after warm-up)")
+    print(
+        f"{metrics['steps']} steps; per step T_comp {1e3 * s['t_comp']:.2f} ms, "
+        f"T_sync {1e3 * s['t_sync']:.2f} ms (slowest rank, mean after warm-up)"
+    )
     if cfg.metrics_json:
         write_json(metrics, cfg.metrics_json)
     if cfg.timeline:

@@ -43,4 +43,3 @@ def load(path: str, comm, root: int = 0):
     """The checkpoint at ``path`` on every rank, read once by ``root``."""
     state = torch.load(path, weights_only=True) if comm.rank == root else None
     return comm.bcast_obj(state, root)
-

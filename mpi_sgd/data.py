@@ -95,7 +95,9 @@ def from_file(path: str) -> Dataset:
                 arrays = {k: torch.from_numpy(f[k]) for k in ("x", "y") if k in f.files}
         elif path.endswith(".pt"):
             obj = torch.load(path, weights_only=True)
-            arrays = {k: torch.as_tensor(obj[k]) for k in ("x", "y") if k in obj} if isinstance(obj, dict) else {}
+            arrays = (
+                {k: torch.as_tensor(obj[k]) for k in ("x", "y") if k in obj} if isinstance(obj, dict) else {}
+            )
         else:
             raise ValueError(f"data file {path!r} must end in .npz or .pt")
     except (OSError, ValueError, RuntimeError) as e:
@@ -104,7 +106,9 @@ def from_file(path: str) -> Dataset:
         raise ValueError(f"cannot read data file {path!r}: {e}") from None
     missing = [k for k in ("x", "y") if k not in arrays]
     if missing:
-        raise ValueError(f"data file {path!r} has no array named {' or '.join(missing)}; it needs 'x' and 'y'")
+        raise ValueError(
+            f"data file {path!r} has no array named {' or '.join(missing)}; it needs 'x' and 'y'"
+        )
     x, y = arrays["x"], arrays["y"]
     if x.shape[0] != y.shape[0]:
         raise ValueError(f"data file {path!r}: x has {x.shape[0]} samples but y has {y.shape[0]}")
@@ -122,8 +126,10 @@ def load(name: str, seed: int = 0) -> Dataset:
             return digits()
         except ImportError:
             # Only the demo's default depends on it; say plainly what is used instead.
-            print("scikit-learn is not installed (pip install 'mpi-sgd[digits]'); using the synthetic "
-                  "'blobs' dataset in place of 'digits'")
+            print(
+                "scikit-learn is not installed (pip install 'mpi-sgd[digits]'); using the synthetic "
+                "'blobs' dataset in place of 'digits'"
+            )
             return blobs(1797, 64, 10, seed)
     if name == "blobs":
         return blobs(seed=seed)
@@ -138,8 +144,10 @@ def check_size(n: int, world_size: int, batch_size: int) -> int:
     """Steps per epoch, ``N // (R*B)``; raises if the dataset cannot fill a single global batch."""
     need = world_size * batch_size
     if n < need:
-        raise ValueError(f"the dataset has {n} samples but one step needs R*B = {world_size}*{batch_size} "
-                         f"= {need}; use a smaller --batch-size or fewer ranks")
+        raise ValueError(
+            f"the dataset has {n} samples but one step needs R*B = {world_size}*{batch_size} "
+            f"= {need}; use a smaller --batch-size or fewer ranks"
+        )
     return n // need
 
 

@@ -168,7 +168,9 @@ class BucketedAllReduce(FlatAllReduce):
         self._next = 0  # the next bucket to start
         self._in_flight: list[_Bucket] = []
         bucket_of = {id(p): b for b in self.buckets for p in b.params}
-        self._hooks = [p.register_post_accumulate_grad_hook(self._make_hook(bucket_of[id(p)])) for p in self.params]
+        self._hooks = [
+            p.register_post_accumulate_grad_hook(self._make_hook(bucket_of[id(p)])) for p in self.params
+        ]
 
     def _make_hook(self, bucket: _Bucket):
         def hook(_param):
@@ -210,7 +212,9 @@ class BucketedAllReduce(FlatAllReduce):
             h.remove()
 
 
-def make(strategy: str, model: nn.Module, comm, bucket_mb: float = 4.0, events: list | None = None) -> GradSync:
+def make(
+    strategy: str, model: nn.Module, comm, bucket_mb: float = 4.0, events: list | None = None
+) -> GradSync:
     """The strategy named ``strategy`` (one of :data:`STRATEGIES`) for ``model`` on ``comm``."""
     if strategy == "naive":
         return NaiveAllReduce(model, comm, events)

@@ -42,7 +42,7 @@ class MLP(nn.Module):
 
     def __init__(self, sizes: tuple[int, ...] = (784, 1024, 1024, 10), dropout: float = 0.0):
         super().__init__()
-        self.layers = nn.ModuleList(nn.Linear(a, b) for a, b in zip(sizes[:-1], sizes[1:]))
+        self.layers = nn.ModuleList(nn.Linear(a, b) for a, b in zip(sizes[:-1], sizes[1:], strict=True))
         self.dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -95,7 +95,8 @@ def build_model(name: str, input_shape: tuple[int, ...], num_outputs: int) -> nn
     if name == "lenet":
         side = math.isqrt(features)
         if side * side != features or side < 4:
-            raise ValueError(f"lenet needs square one-channel images of side >= 4; inputs here have "
-                             f"{features} features")
+            raise ValueError(
+                f"lenet needs square one-channel images of side >= 4; inputs here have {features} features"
+            )
         return LeNet(side, num_outputs)
     raise ValueError(f"unknown model {name!r}; choose one of {', '.join(MODELS)}")

@@ -62,7 +62,7 @@ class Trainer:
         self.sync.seconds = 0.0
         self.sync.zero_grad()
         stats = torch.zeros(3, dtype=torch.float64)
-        for i, (xm, ym) in enumerate(zip(x.chunk(k), y.chunk(k))):
+        for i, (xm, ym) in enumerate(zip(x.chunk(k), y.chunk(k), strict=True)):
             with self.sync.accumulate(last=i == k - 1):
                 t0 = time.perf_counter()
                 out = self.model(xm)
@@ -91,8 +91,12 @@ class Trainer:
         batches = data.rank_batches(len(self.dataset), comm.rank, comm.size, cfg.batch_size, epoch, cfg.seed)
         stats = torch.zeros(3, dtype=torch.float64)
         started = time.perf_counter()
-        bar = tqdm(range(self.step_in_epoch, self.steps_per_epoch), desc=f"epoch {epoch}", leave=False,
-                   disable=not (comm.is_root and cfg.progress))
+        bar = tqdm(
+            range(self.step_in_epoch, self.steps_per_epoch),
+            desc=f"epoch {epoch}",
+            leave=False,
+            disable=not (comm.is_root and cfg.progress),
+        )
         for s in bar:
             idx = batches[s]
             stats += self._run_batch(self.dataset.x[idx], self.dataset.y[idx])
@@ -131,9 +135,15 @@ class Trainer:
         # Every rank's RNG state (dropout masks differ per rank), so a resume is bit-exact.
         rng = self.comm.gather_obj(torch.get_rng_state())
         if self.comm.is_root:
-            state = {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-                     "epoch": self.epoch, "step_in_epoch": self.step_in_epoch, "step": self.step,
-                     "world_size": self.comm.size, "rng": rng}
+            state = {
+                "model": self.model.state_dict(),
+                "optimizer": self.optimizer.state_dict(),
+                "epoch": self.epoch,
+                "step_in_epoch": self.step_in_epoch,
+                "step": self.step,
+                "world_size": self.comm.size,
+                "rng": rng,
+            }
             checkpoint.save_atomic(state, path)
 
     def load_checkpoint(self, path: str) -> None:
@@ -157,13 +167,23 @@ class Trainer:
         summary = {}
         for name, series in (("t_comp", t_comp), ("t_sync", t_sync)):
             # per step, the slowest rank sets the pace; then the mean over steps after warm-up
-            slowest = [max(v) for v in zip(*series)][WARMUP_STEPS:] or [max(v) for v in zip(*series)]
+            slowest = [max(v) for v in zip(*series, strict=True)][WARMUP_STEPS:] or [
+                max(v) for v in zip(*series, strict=True)
+            ]
             summary[name] = statistics.fmean(slowest) if slowest else 0.0
-        return {"world_size": self.comm.size, "backend": self.comm.backend,
-                "effective_batch": self.comm.size * self.cfg.batch_size,
-                "steps_per_epoch": self.steps_per_epoch, "steps": self.step, "config": asdict(self.cfg),
-                "epochs": self.history, "summary": summary, "warmup_steps": WARMUP_STEPS,
-                "t_comp": t_comp, "t_sync": t_sync}
+        return {
+            "world_size": self.comm.size,
+            "backend": self.comm.backend,
+            "effective_batch": self.comm.size * self.cfg.batch_size,
+            "steps_per_epoch": self.steps_per_epoch,
+            "steps": self.step,
+            "config": asdict(self.cfg),
+            "epochs": self.history,
+            "summary": summary,
+            "warmup_steps": WARMUP_STEPS,
+            "t_comp": t_comp,
+            "t_sync": t_sync,
+        }
 
     def timeline(self) -> list | None:
         """Every rank's events as ``{"name", "start", "dur"}`` (seconds since the trainer was made)."""
