@@ -29,8 +29,13 @@ class Placement:
 # Checked in this order: an mpiexec run inside a Slurm allocation inherits SLURM_* variables of
 # the batch step (SLURM_PROCID=0 on every rank), so the MPI launcher's own variables win.
 _LAUNCHERS = (
-    ("openmpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
-     "OMPI_COMM_WORLD_LOCAL_SIZE"),
+    (
+        "openmpi",
+        "OMPI_COMM_WORLD_RANK",
+        "OMPI_COMM_WORLD_SIZE",
+        "OMPI_COMM_WORLD_LOCAL_RANK",
+        "OMPI_COMM_WORLD_LOCAL_SIZE",
+    ),
     ("hydra", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"),
     ("slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", None),
     ("torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"),
@@ -76,8 +81,9 @@ def install_abort_hook(comm) -> None:
 
     def hook(kind, value, tb):
         text = "".join(traceback.format_exception(kind, value, tb))
-        sys.stderr.write(f"mpi_sgd: rank {comm.rank} of {comm.size} on {socket.gethostname()} failed; "
-                         f"aborting the job.\n{text}")
+        sys.stderr.write(
+            f"mpi_sgd: rank {comm.rank} of {comm.size} on {socket.gethostname()} failed; aborting the job.\n{text}"
+        )
         sys.stderr.flush()
         comm.abort(1)
 

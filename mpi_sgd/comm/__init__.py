@@ -35,5 +35,4 @@ def init(backend: str = "mpi4py", debug: bool | None = None, abort_on_error: boo
     return comm
 
 
-__all__ = ["BACKENDS", "OPS", "CollectiveMismatchError", "CommError", "Communicator", "Request", "init",
-           "split_counts"]
+__all__ = ["BACKENDS", "OPS", "CollectiveMismatchError", "CommError", "Communicator", "Request", "init", "split_counts"]

@@ -56,8 +56,7 @@ def diagnose(buf) -> CommError:
             )
         if buf.requires_grad:
             return CommError(
-                "tensor requires grad; communicate t.data or t.detach() (same memory), not the "
-                "autograd leaf itself."
+                "tensor requires grad; communicate t.data or t.detach() (same memory), not the autograd leaf itself."
             )
     if isinstance(buf, np.ndarray):
         if not buf.flags.c_contiguous:

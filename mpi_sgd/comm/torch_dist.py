@@ -67,9 +67,7 @@ def _routable_address() -> str:
 
 
 def backend_available(name: str) -> bool:
-    return {"gloo": dist.is_gloo_available, "mpi": dist.is_mpi_available, "nccl": dist.is_nccl_available}[
-        name
-    ]()
+    return {"gloo": dist.is_gloo_available, "mpi": dist.is_mpi_available, "nccl": dist.is_nccl_available}[name]()
 
 
 class TorchDistComm(Communicator):
@@ -129,8 +127,12 @@ class TorchDistComm(Communicator):
             if self.backend == "nccl":
                 return dist.ReduceOp.AVG
             return dist.ReduceOp.SUM
-        return {"sum": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX,
-                "prod": dist.ReduceOp.PRODUCT}[op]
+        return {
+            "sum": dist.ReduceOp.SUM,
+            "min": dist.ReduceOp.MIN,
+            "max": dist.ReduceOp.MAX,
+            "prod": dist.ReduceOp.PRODUCT,
+        }[op]
 
     def _needs_divide(self, op: str, buf) -> bool:
         if op != "avg":

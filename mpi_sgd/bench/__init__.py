@@ -1,0 +1,1 @@
+"""Benchmarks, timed the way OSU micro-benchmarks and nccl-tests time things."""

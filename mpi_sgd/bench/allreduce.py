@@ -1,0 +1,183 @@
+"""All-reduce sweep: the seam against raw mpi4py, the hand-written ring and torch.distributed.
+
+For each power-of-two message size it times, interleaved in one run (see :mod:`.timing`):
+
+* ``raw``  ``MPI.Comm.Allreduce(IN_PLACE, ndarray)``: the floor any Python wrapper stands on;
+* ``seam`` ``comm.allreduce(tensor)`` on a torch tensor: what the trainer calls;
+* ``ring`` :func:`mpi_sgd.collectives.ring_allreduce`, the teaching ring over send/recv;
+* ``gloo`` ``torch.distributed.all_reduce`` with gloo (and ``nccl`` on GPUs when present).
+
+The headline is ``seam/raw`` (raw time over seam time, 1.0 = no cost). Bandwidths follow
+nccl-tests: algbw = bytes / time, busbw = algbw * 2(p-1)/p, the fraction of the link an
+optimal all-reduce must use, so busbw is comparable across world sizes.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from ..collectives import ring_allreduce
+from ..comm import Communicator
+from .report import human_bytes, markdown_table, new_figure, write_json
+from .timing import osu_iterations, time_interleaved
+
+IMPLS = ("raw", "seam", "ring", "gloo", "nccl")
+
+
+def sizes(min_bytes: int, max_bytes: int) -> list[int]:
+    """Powers of two from ``min_bytes`` to ``max_bytes`` inclusive (rounded up to a power of two)."""
+    out, n = [], 1 << max(0, math.ceil(math.log2(min_bytes)))
+    while n <= max_bytes:
+        out.append(n)
+        n *= 2
+    return out
+
+
+def bus_factor(p: int) -> float:
+    """nccl-tests' all-reduce bus bandwidth factor 2(p-1)/p (1 for a single rank: nothing moves)."""
+    return 2 * (p - 1) / p if p > 1 else 1.0
+
+
+def _calls(comm, peers: dict[str, Communicator], impls, nbytes: int):
+    """One zero-filled float32 buffer per implementation; zeros keep sums finite forever."""
+    from mpi4py import MPI
+
+    n = max(1, nbytes // 4)
+    calls = {}
+    for name in impls:
+        if name == "raw":
+            arr, mpi = np.zeros(n, np.float32), comm.comm
+            calls[name] = lambda arr=arr, mpi=mpi: mpi.Allreduce(MPI.IN_PLACE, arr)
+        elif name == "seam":
+            t = torch.zeros(n)
+            calls[name] = lambda t=t: comm.allreduce(t)
+        elif name == "ring":
+            t, scratch = torch.zeros(n), np.empty(n // comm.size + 1, np.float32)
+            calls[name] = lambda t=t, s=scratch: ring_allreduce(comm, t, scratch=s)
+        else:  # a torch.distributed backend
+            peer = peers[name]
+            t = torch.zeros(n, device=peer.device)
+            calls[name] = lambda t=t, peer=peer: peer.allreduce(t)
+    return calls
+
+
+def run(
+    comm, impls=("raw", "seam", "ring", "gloo"), min_bytes=4, max_bytes=64 << 20, iterations=None, warmup=None, rounds=5
+):
+    """Sweep the sizes; returns one dict per (size, impl) with seconds and bandwidths."""
+    from ..comm.torch_dist import TorchDistComm
+
+    peers = {name: TorchDistComm(name, comm) for name in impls if name in ("gloo", "nccl", "mpi")}
+    sync = torch.cuda.synchronize if "nccl" in peers else None
+    rows = []
+    for nbytes in sizes(min_bytes, max_bytes):
+        osu_iters, osu_warm = osu_iterations(nbytes)
+        stats = time_interleaved(
+            comm,
+            _calls(comm, peers, impls, nbytes),
+            iterations or osu_iters,
+            osu_warm if warmup is None else warmup,
+            rounds,
+            sync,
+        )
+        for name, st in stats.items():
+            algbw = nbytes / st.avg
+            rows.append(
+                dict(
+                    bytes=nbytes,
+                    impl=name,
+                    ranks=comm.size,
+                    min_s=st.min,
+                    avg_s=st.avg,
+                    max_s=st.max,
+                    algbw_GBps=algbw / 1e9,
+                    busbw_GBps=algbw * bus_factor(comm.size) / 1e9,
+                )
+            )
+    return rows
+
+
+def summary_table(rows, impls) -> str:
+    """Seam vs raw side by side, the others beside them; times in microseconds (avg over ranks)."""
+    by = {(r["bytes"], r["impl"]): r for r in rows}
+    headers = ["size"] + [f"{i} us" for i in impls]
+    if "raw" in impls and "seam" in impls:
+        headers += ["seam/raw", "overhead us"]
+    headers.append("busbw GB/s (" + ("raw" if "raw" in impls else impls[0]) + ")")
+    out = []
+    for nbytes in sorted({r["bytes"] for r in rows}):
+        t = {i: by[nbytes, i]["avg_s"] for i in impls}
+        row = [human_bytes(nbytes)] + [t[i] * 1e6 for i in impls]
+        if "raw" in impls and "seam" in impls:
+            row += [f"{t['raw'] / t['seam']:.3f}", (t["seam"] - t["raw"]) * 1e6]
+        row.append(by[nbytes, "raw" if "raw" in impls else impls[0]]["busbw_GBps"])
+        out.append(row)
+    return markdown_table(headers, out)
+
+
+def detail_table(rows, impl) -> str:
+    """OSU/nccl-tests style for one implementation: latency min/avg/max across ranks and bandwidths."""
+    headers = ["size", "avg us", "min us", "max us", "algbw GB/s", "busbw GB/s"]
+    body = [
+        [
+            human_bytes(r["bytes"]),
+            r["avg_s"] * 1e6,
+            r["min_s"] * 1e6,
+            r["max_s"] * 1e6,
+            r["algbw_GBps"],
+            r["busbw_GBps"],
+        ]
+        for r in rows
+        if r["impl"] == impl
+    ]
+    return markdown_table(headers, body)
+
+
+def overhead_note(rows, threshold=64 << 10) -> str:
+    """The seam's fixed per-call cost: median (seam - raw) below ``threshold``, and the worst ratio above."""
+    by = {(r["bytes"], r["impl"]): r["avg_s"] for r in rows}
+    small = [by[b, "seam"] - by[b, "raw"] for b, i in by if i == "raw" and b < threshold]
+    large = [by[b, "raw"] / by[b, "seam"] for b, i in by if i == "raw" and b >= threshold]
+    parts = []
+    if small:
+        parts.append(f"seam per-call overhead below {human_bytes(threshold)}: median {np.median(small) * 1e6:.2f} us")
+    if large:
+        parts.append(f"seam/raw from {human_bytes(threshold)} up: min {min(large):.3f}, median {np.median(large):.3f}")
+    return "; ".join(parts)
+
+
+def plot(rows, impls, path) -> None:
+    fig, ax = new_figure(figsize=(7, 4.5))
+    for impl in impls:
+        pts = [(r["bytes"], r["avg_s"] * 1e6) for r in rows if r["impl"] == impl]
+        ax.loglog(*zip(*pts, strict=True), marker="o", ms=3, label=impl)
+    ax.set_xlabel("message size (bytes)")
+    ax.set_ylabel("all-reduce time (us)")
+    ax.set_title(f"all-reduce, {rows[0]['ranks']} ranks")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(comm, args) -> int:
+    impls = tuple(args.impls)
+    rows = run(comm, impls, args.min_bytes, args.max_bytes, args.iterations, args.warmup, args.rounds)
+    if comm.is_root:
+        print(f"# all-reduce sweep: {comm.size} ranks, float32, in place, rounds={args.rounds}")
+        print(summary_table(rows, impls))
+        if "raw" in impls and "seam" in impls:
+            print("\n" + overhead_note(rows))
+        if args.detail:
+            for impl in impls:
+                print(f"\n## {impl}\n" + detail_table(rows, impl))
+        out = write_json(
+            f"{args.out_dir}/allreduce-n{comm.size}.json", {"benchmark": "allreduce", "ranks": comm.size, "rows": rows}
+        )
+        if not args.no_plot:
+            plot(rows, impls, out.with_suffix(".png"))
+        print(f"\nwrote {out}" + ("" if args.no_plot else f" and {out.with_suffix('.png')}"))
+    return 0

@@ -1,0 +1,65 @@
+"""Benchmark output: a markdown table on stdout, the same rows as JSON, and a PNG."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+
+def human_bytes(n: int) -> str:
+    for unit in ("B", "KiB", "MiB"):
+        if n < 1024:
+            return f"{n:g} {unit}"
+        n /= 1024
+    return f"{n:g} GiB"
+
+
+def parse_bytes(text: str) -> int:
+    """'64MiB', '1 GB', '4096' -> bytes (binary units; 'MB' is taken as MiB, as OSU does)."""
+    s = text.strip().upper().replace(" ", "").removesuffix("B").removesuffix("I")
+    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(s[-1:], 1)
+    digits = s[:-1] if scale > 1 else s
+    try:
+        value = float(digits)
+    except ValueError:
+        raise ValueError(f"not a size: {text!r} (try 4096, 64KiB, 16MiB, 1GiB)") from None
+    if value <= 0:
+        raise ValueError(f"size must be positive, got {text!r}")
+    return int(value * scale)
+
+
+def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    cells = [[str(h) for h in headers]] + [[_fmt(v) for v in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    lines = ["| " + " | ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) + " |" for r in cells]
+    lines.insert(1, "|" + "|".join("-" * (w + 1) + ":" for w in widths) + "|")
+    return "\n".join(lines)
+
+
+def _fmt(v: object) -> str:
+    if isinstance(v, float):
+        if v != v:  # nan: not measured
+            return "-"
+        return f"{v:.3g}" if abs(v) < 10 else f"{v:.1f}"
+    return str(v)
+
+
+def write_json(path: str | os.PathLike, payload: dict) -> Path:
+    """Write atomically: a reader never sees half a file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(payload, indent=2) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def new_figure(nrows: int = 1, ncols: int = 1, **kw):
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only: no display on compute nodes
+    import matplotlib.pyplot as plt
+
+    return plt.subplots(nrows, ncols, **kw)

@@ -1,0 +1,73 @@
+"""Timing collectives honestly on a shared, noisy machine.
+
+The recipe follows the OSU micro-benchmarks and nccl-tests: a barrier so every rank starts
+together, warm-up iterations that are discarded (first calls pay for connection set-up and page
+faults), the MPI clock (``MPI.Wtime``; on GPU the clock is read after ``torch.cuda.synchronize``),
+and min/avg/max of the per-rank averages across ranks.
+
+One addition for noisy machines: when several implementations are compared, their timed
+iterations are split into ``rounds`` blocks and the blocks are interleaved (A B C A B C ...),
+so a burst of load from elsewhere hits all of them alike. Each rank's figure is the median
+block, which a single disturbed block cannot move.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from ..comm import Communicator
+
+# OSU defaults (osu_util.h): 1000 iterations and 100 warm-up below 8 KiB, 100 and 10 above.
+OSU_LARGE_MESSAGE = 8192
+
+
+def osu_iterations(nbytes: int) -> tuple[int, int]:
+    """(iterations, warm-up) for a message of ``nbytes``, as OSU picks them."""
+    return (1000, 100) if nbytes <= OSU_LARGE_MESSAGE else (100, 10)
+
+
+@dataclass(frozen=True)
+class Stat:
+    """Seconds per call: min, avg and max over ranks of each rank's own figure."""
+
+    min: float
+    avg: float
+    max: float
+
+
+def across_ranks(comm: Communicator, seconds: float) -> Stat:
+    values = comm.allgather_obj(seconds)
+    return Stat(min(values), sum(values) / len(values), max(values))
+
+
+def time_interleaved(
+    comm: Communicator,
+    calls: Mapping[str, Callable[[], object]],
+    iterations: int,
+    warmup: int,
+    rounds: int = 5,
+    sync: Callable[[], None] | None = None,
+) -> dict[str, Stat]:
+    """Seconds per call of each function in ``calls``, measured in interleaved blocks.
+
+    ``sync`` runs before each clock reading (``torch.cuda.synchronize`` for GPU work).
+    """
+    for fn in calls.values():
+        for _ in range(warmup):
+            fn()
+    per_block = max(1, iterations // rounds)
+    blocks: dict[str, list[float]] = {name: [] for name in calls}
+    for _ in range(rounds):
+        for name, fn in calls.items():
+            comm.barrier()
+            if sync:
+                sync()
+            t0 = comm.wtime()
+            for _ in range(per_block):
+                fn()
+            if sync:
+                sync()
+            blocks[name].append((comm.wtime() - t0) / per_block)
+    return {name: across_ranks(comm, statistics.median(times)) for name, times in blocks.items()}
