@@ -85,3 +85,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--out-dir", default="results", help="folder for the JSON and PNG (default results)")
     p.add_argument("--no-plot", action="store_true", help="skip the PNG")
     p.set_defaults(func=_run_allreduce, parser=p)
+
+    from . import sgd
+
+    sgd.add_parser(kinds)
