@@ -18,9 +18,15 @@ Each strategy below leaves exactly that ``g`` in every ``param.grad``:
    accumulated, so communication overlaps the rest of backward (the scheme of PyTorch DDP, Li et
    al., VLDB 2020).
 
-Use: ``sync.zero_grad()``; for each micro-batch ``with sync.accumulate(last=...): loss.backward()``;
-then ``sync.wait()`` before ``optimizer.step()``. ``seconds`` accumulates the time spent
-blocked in communication (the T_sync of the speedup model).
+Use: ``sync.zero_grad()``; for each micro-batch ``with sync.accumulate(last=...):
+(loss * sync.loss_scale).backward()``; then ``sync.wait()`` before ``optimizer.step()``.
+``seconds`` accumulates the time spent blocked in communication (the T_sync of the speedup model).
+
+Where the 1/R goes. The naive strategy sums and then divides every gradient element by R, as the
+formula reads. The flat and bucketed ones fold 1/R into the loss instead (``loss_scale``): one
+scalar multiply before backward replaces a pass over all gradients after the sum (0.4 ms for
+the 7.5 MB of the benchmark MLP on this kind of CPU). Backward is linear in the loss, so the
+result differs from dividing afterwards only by rounding (not at all when R is a power of two).
 """
 
 from __future__ import annotations
@@ -53,13 +59,14 @@ class GradSync:
         self.model, self.comm = model, comm
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.seconds = 0.0  # time blocked in communication since the last reset
+        self.loss_scale = 1.0  # multiply the loss by this before backward
         self.events = events  # (name, start, duration) tuples when a timeline is wanted
         self._last = True
 
     def zero_grad(self) -> None:
+        # None rather than zeros: autograd then hands its fresh gradient over without a copy.
         for p in self.params:
-            if p.grad is not None:
-                p.grad.zero_()
+            p.grad = None
 
     @contextlib.contextmanager
     def accumulate(self, last: bool = True):
@@ -132,6 +139,7 @@ class FlatAllReduce(GradSync):
     def __init__(self, model, comm, events=None):
         super().__init__(model, comm, events)
         self.buckets = _make_buckets(self.params, float("inf"))
+        self.loss_scale = 1.0 / comm.size  # the ranks' sum is then the average
 
     def zero_grad(self) -> None:
         for b in self.buckets:
@@ -140,7 +148,7 @@ class FlatAllReduce(GradSync):
     def wait(self) -> None:
         t0 = time.perf_counter()
         for b in self.buckets:  # one unless the model mixes dtypes
-            self.comm.allreduce(b.buffer, "avg")
+            self.comm.allreduce(b.buffer, "sum")
         t1 = time.perf_counter()
         self.seconds += t1 - t0
         self._record("allreduce", t0, t1)
@@ -165,12 +173,11 @@ class BucketedAllReduce(FlatAllReduce):
     def __init__(self, model, comm, bucket_mb: float = 4.0, events=None):
         GradSync.__init__(self, model, comm, events)
         self.buckets = _make_buckets(self.params[::-1], bucket_mb * 2**20)
+        self.loss_scale = 1.0 / comm.size
         self._next = 0  # the next bucket to start
         self._in_flight: list[_Bucket] = []
         bucket_of = {id(p): b for b in self.buckets for p in b.params}
-        self._hooks = [
-            p.register_post_accumulate_grad_hook(self._make_hook(bucket_of[id(p)])) for p in self.params
-        ]
+        self._hooks = [p.register_post_accumulate_grad_hook(self._make_hook(bucket_of[id(p)])) for p in self.params]
 
     def _make_hook(self, bucket: _Bucket):
         def hook(_param):
@@ -189,7 +196,7 @@ class BucketedAllReduce(FlatAllReduce):
         while self._next < len(self.buckets) and (force or self.buckets[self._next].pending == 0):
             b = self.buckets[self._next]
             b.started = time.perf_counter()
-            b.request = self.comm.iallreduce(b.buffer, "avg")
+            b.request = self.comm.iallreduce(b.buffer, "sum")
             self._in_flight.append(b)
             self._next += 1
 
@@ -212,9 +219,7 @@ class BucketedAllReduce(FlatAllReduce):
             h.remove()
 
 
-def make(
-    strategy: str, model: nn.Module, comm, bucket_mb: float = 4.0, events: list | None = None
-) -> GradSync:
+def make(strategy: str, model: nn.Module, comm, bucket_mb: float = 4.0, events: list | None = None) -> GradSync:
     """The strategy named ``strategy`` (one of :data:`STRATEGIES`) for ``model`` on ``comm``."""
     if strategy == "naive":
         return NaiveAllReduce(model, comm, events)

@@ -69,7 +69,7 @@ class Trainer:
                 loss = self.loss_fn(out, ym)
                 t1 = time.perf_counter()
                 # mean over B/k samples, divided by k: the k micro-batches sum to the mean over B
-                (loss / k).backward()
+                (loss * (self.sync.loss_scale / k)).backward()
                 self._record("forward", t0, t1)
                 self._record("backward", t1, time.perf_counter())
             with torch.no_grad():

@@ -45,7 +45,7 @@ def _step_fn(model, optimizer, x, y, sync=None):
     def step():
         sync.zero_grad()
         with sync.accumulate():
-            F.cross_entropy(model(x), y).backward()
+            (F.cross_entropy(model(x), y) * sync.loss_scale).backward()
         sync.wait()
         optimizer.step()
 
