@@ -56,7 +56,7 @@ $(STAMP): pyproject.toml Makefile
 	touch $@
 
 demo: venv
-	$(MPIEXEC) -n $(NP) $(PY) examples/04_ring_allreduce.py
+	$(MPIEXEC) -n $(NP) $(PY) examples/sync_sgd.py
 
 test: test-unit test-mpi test-integration
 

@@ -15,12 +15,13 @@ import torch
 
 from mpi_sgd import comm as mpicomm
 from mpi_sgd import data, gradsync
-from mpi_sgd.config import RootParser, TrainConfig, fail
+from mpi_sgd.args import ArgumentParser
+from mpi_sgd.config import TrainConfig
 from mpi_sgd.launch import pin_threads, placement
 from mpi_sgd.models import build_model
 from mpi_sgd.trainer import Trainer, make_optimizer, write_json
 
-parser = RootParser(description=__doc__.splitlines()[0])
+parser = ArgumentParser(description=__doc__)
 TrainConfig.add_arguments(parser)
 args = parser.parse_args()
 
@@ -33,7 +34,7 @@ try:
     data.check_size(len(dataset), world.size, cfg.batch_size)
     dtype, device = getattr(torch, cfg.dtype), torch.device(cfg.device)
 except (ValueError, RuntimeError) as e:
-    fail(parser.prog, str(e))
+    parser.error(str(e))
 
 comm = mpicomm.init(cfg.backend)
 pin_threads(comm.local_size)  # ranks on one host share its cores instead of oversubscribing them

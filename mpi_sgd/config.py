@@ -1,20 +1,18 @@
 """The training configuration: one frozen dataclass, checked on construction, exposed as flags.
 
 Every rank parses the same command line and builds the same :class:`TrainConfig`, so a bad value
-fails identically everywhere *before* MPI starts: the root prints one message and every rank
-exits with status 2 (argparse's usage-error status), and no rank is left waiting in a collective.
+fails identically everywhere *before* MPI starts; reported through :class:`mpi_sgd.args.ArgumentParser`,
+the root prints one message, every rank exits with status 2, and no rank waits in a collective.
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 from dataclasses import MISSING, dataclass, field, fields
 
 from .comm import BACKENDS
 from .data import BUILTIN
 from .gradsync import STRATEGIES
-from .launch import placement
 from .models import MODELS
 
 OPTIMIZERS = ("sgd", "adam")
@@ -27,15 +25,11 @@ def _flag(default, help: str, type=None):
 
 @dataclass(frozen=True)
 class TrainConfig:
-    model: str = _flag("lenet", f"model to train: {', '.join(MODELS)}")
-    dataset: str = _flag(
-        "digits", f"built-in dataset ({', '.join(BUILTIN)}) or a .npz/.pt file with arrays x, y"
-    )
+    model: str = _flag("simplenet", f"model to train: {', '.join(MODELS)}")
+    dataset: str = _flag("digits", f"built-in dataset ({', '.join(BUILTIN)}) or a .npz/.pt file with arrays x, y")
     epochs: int = _flag(8, "passes over the dataset")
     batch_size: int = _flag(32, "samples per rank per step, B; the effective batch is R*B")
-    grad_accum: int = _flag(
-        1, "micro-batches per step (must divide --batch-size); one gradient sync per step"
-    )
+    grad_accum: int = _flag(1, "micro-batches per step (must divide --batch-size); one gradient sync per step")
     lr: float = _flag(0.05, "learning rate")
     momentum: float = _flag(0.9, "SGD momentum (ignored by adam)")
     optimizer: str = _flag("sgd", f"optimizer: {', '.join(OPTIMIZERS)}")
@@ -50,12 +44,8 @@ class TrainConfig:
         None, "write a checkpoint here (root rank, atomically) after each epoch and at the end", str
     )
     resume: str | None = _flag(None, "resume from this checkpoint (model, optimizer, step, RNG state)", str)
-    metrics_json: str | None = _flag(
-        None, "write loss, accuracy and per-step t_comp/t_sync here as JSON", str
-    )
-    timeline: str | None = _flag(
-        None, "write per-rank events (forward, backward, allreduce, step) here as JSON", str
-    )
+    metrics_json: str | None = _flag(None, "write loss, accuracy and per-step t_comp/t_sync here as JSON", str)
+    timeline: str | None = _flag(None, "write per-rank events (forward, backward, allreduce, step) here as JSON", str)
     progress: bool = _flag(True, "show a progress bar on the root rank")
 
     def __post_init__(self):
@@ -76,9 +66,7 @@ class TrainConfig:
             self.optimizer in OPTIMIZERS,
             f"unknown optimizer {self.optimizer!r}; choose one of {', '.join(OPTIMIZERS)}",
         )
-        check(
-            self.backend in BACKENDS, f"unknown backend {self.backend!r}; choose one of {', '.join(BACKENDS)}"
-        )
+        check(self.backend in BACKENDS, f"unknown backend {self.backend!r}; choose one of {', '.join(BACKENDS)}")
         check(self.dtype in DTYPES, f"unknown dtype {self.dtype!r}; choose one of {', '.join(DTYPES)}")
         check(self.epochs >= 1, f"--epochs must be at least 1, got {self.epochs}")
         check(self.batch_size >= 1, f"--batch-size must be at least 1, got {self.batch_size}")
@@ -107,20 +95,3 @@ class TrainConfig:
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> TrainConfig:
         return cls(**{f.name: getattr(args, f.name) for f in fields(cls)})
-
-
-class RootParser(argparse.ArgumentParser):
-    """argparse that prints usage errors on the root rank only, and exits 2 on every rank."""
-
-    def error(self, message: str):
-        if placement().rank == 0:
-            self.print_usage(sys.stderr)
-            sys.stderr.write(f"{self.prog}: error: {message}\n")
-        sys.exit(2)
-
-
-def fail(prog: str, message: str) -> None:
-    """Report a configuration error the way :class:`RootParser` does, and exit 2."""
-    if placement().rank == 0:
-        sys.stderr.write(f"{prog}: error: {message}\n")
-    sys.exit(2)
