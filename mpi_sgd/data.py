@@ -95,9 +95,7 @@ def from_file(path: str) -> Dataset:
                 arrays = {k: torch.from_numpy(f[k]) for k in ("x", "y") if k in f.files}
         elif path.endswith(".pt"):
             obj = torch.load(path, weights_only=True)
-            arrays = (
-                {k: torch.as_tensor(obj[k]) for k in ("x", "y") if k in obj} if isinstance(obj, dict) else {}
-            )
+            arrays = {k: torch.as_tensor(obj[k]) for k in ("x", "y") if k in obj} if isinstance(obj, dict) else {}
         else:
             raise ValueError(f"data file {path!r} must end in .npz or .pt")
     except (OSError, ValueError, RuntimeError) as e:
@@ -106,9 +104,7 @@ def from_file(path: str) -> Dataset:
         raise ValueError(f"cannot read data file {path!r}: {e}") from None
     missing = [k for k in ("x", "y") if k not in arrays]
     if missing:
-        raise ValueError(
-            f"data file {path!r} has no array named {' or '.join(missing)}; it needs 'x' and 'y'"
-        )
+        raise ValueError(f"data file {path!r} has no array named {' or '.join(missing)}; it needs 'x' and 'y'")
     x, y = arrays["x"], arrays["y"]
     if x.shape[0] != y.shape[0]:
         raise ValueError(f"data file {path!r}: x has {x.shape[0]} samples but y has {y.shape[0]}")
@@ -125,11 +121,14 @@ def load(name: str, seed: int = 0) -> Dataset:
         try:
             return digits()
         except ImportError:
-            # Only the demo's default depends on it; say plainly what is used instead.
-            print(
-                "scikit-learn is not installed (pip install 'mpi-sgd[digits]'); using the synthetic "
-                "'blobs' dataset in place of 'digits'"
-            )
+            from .launch import placement
+
+            # Only the demo's default depends on it; say plainly (once) what is used instead.
+            if placement().rank == 0:
+                print(
+                    "scikit-learn is not installed (pip install 'mpi-sgd[digits]'); using the synthetic "
+                    "'blobs' dataset in place of 'digits'"
+                )
             return blobs(1797, 64, 10, seed)
     if name == "blobs":
         return blobs(seed=seed)
