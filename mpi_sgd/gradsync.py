@@ -96,11 +96,11 @@ class NaiveAllReduce(GradSync):
 
 
 class _Bucket:
-    __slots__ = ("buffer", "params", "name", "pending", "request", "started")
+    __slots__ = ("buffer", "params", "name", "pending", "request", "started", "finished")
 
     def __init__(self, buffer: torch.Tensor, params: list[nn.Parameter], name: str):
         self.buffer, self.params, self.name = buffer, params, name
-        self.pending, self.request, self.started = len(params), None, 0.0
+        self.pending, self.request, self.started, self.finished = len(params), None, 0.0, None
 
 
 def _make_buckets(params: list[nn.Parameter], bucket_bytes: float) -> list[_Bucket]:
@@ -186,7 +186,8 @@ class BucketedAllReduce(FlatAllReduce):
             t0 = time.perf_counter()
             bucket.pending -= 1
             for b in self._in_flight:
-                b.request.test()
+                if b.finished is None and b.request.test():
+                    b.finished = time.perf_counter()
             self._start_ready()
             self.seconds += time.perf_counter() - t0
 
@@ -206,13 +207,16 @@ class BucketedAllReduce(FlatAllReduce):
         # reduced along with the rest so every rank still starts the same collectives.
         self._start_ready(force=True)
         for b in self._in_flight:
-            b.request.wait()
-            self._record(b.name, b.started, time.perf_counter())
+            if b.finished is None:
+                b.request.wait()
+                b.finished = time.perf_counter()
+            # from start to the moment this rank saw it complete (a later poll or this wait)
+            self._record(b.name, b.started, b.finished)
         self.seconds += time.perf_counter() - t0
         self._in_flight.clear()
         self._next = 0
         for b in self.buckets:
-            b.pending = len(b.params)
+            b.pending, b.finished = len(b.params), None
 
     def remove_hooks(self) -> None:
         for h in self._hooks:
