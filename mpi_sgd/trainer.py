@@ -158,7 +158,18 @@ class Trainer:
 
     # -- measurements -----------------------------------------------------------------------
     def metrics(self) -> dict:
-        """Per-epoch loss/accuracy and per-step timings of every rank (see :func:`write_metrics`)."""
+        """What ``--metrics-json`` writes (on the root; other ranks get ``{}``). Times in seconds.
+
+        * ``world_size``, ``backend``, ``effective_batch`` (R*B), ``steps_per_epoch``, ``steps``
+          (optimizer steps done, counting those before a resume), ``config`` (every flag);
+        * ``epochs``: ``[{"epoch", "loss", "accuracy" (null for regression), "seconds"}]``, loss and
+          accuracy averaged over all R*B samples of every step of the epoch;
+        * ``t_comp``, ``t_sync``: one list per rank (index = rank), one entry per step run by this
+          launch: ``t_sync`` the time blocked in gradient communication, ``t_comp`` the rest of the
+          step (forward, backward, optimizer), so ``t_comp + t_sync`` is the step time;
+        * ``summary``: ``{"t_comp", "t_sync"}``, per step the slowest rank, averaged over the steps
+          after the first ``warmup_steps``.
+        """
         per_rank = self.comm.gather_obj((self.t_comp, self.t_sync))
         if not self.comm.is_root:
             return {}
