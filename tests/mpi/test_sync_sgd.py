@@ -17,6 +17,8 @@ difference of order lr * |g| ~ 1e-3 after the first step.
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 
 import pytest
 import torch
@@ -138,11 +140,14 @@ def test_strategies_agree_with_each_other(comm):
         torch.testing.assert_close(other, results[0], rtol=RTOL, atol=ATOL)
 
 
-def test_resume_is_bit_exact(comm, tmp_path):
+def test_resume_is_bit_exact(comm):
     # Dropout (per-rank RNG streams), Adam state and a stop in the middle of an epoch: everything
     # a resume has to restore.
     ds = data.blobs(num_samples=3 * comm.size * B + 3, input_size=16, num_classes=4, seed=2).to(torch.float64)
-    path = comm.bcast_obj(os.path.join(str(tmp_path), "ckpt.pt"))
+    # One directory, made by the root: pytest's tmp_path is per process and its clean-up races
+    # between ranks sharing /tmp.
+    folder = comm.bcast_obj(tempfile.mkdtemp(prefix="mpi-sgd-resume-") if comm.is_root else None)
+    path = os.path.join(folder, "ckpt.pt")
     cfg = config(model="simplenet", optimizer="adam", lr=0.01, max_steps=8)
     whole = distributed(comm, cfg, ds)
     whole.train()
@@ -155,6 +160,9 @@ def test_resume_is_bit_exact(comm, tmp_path):
     second.train()
     assert torch.equal(flat_params(second.model), flat_params(whole.model))
     assert_same_on_every_rank(comm, flat_params(whole.model))
+    comm.barrier()
+    if comm.is_root:
+        shutil.rmtree(folder)
 
 
 def test_metrics_split_step_time(comm):
