@@ -119,11 +119,19 @@ def test_buckets_follow_reverse_parameter_order_and_hold_the_gradients():
     sync = gradsync.BucketedAllReduce(model, LocalComm(), bucket_mb=16 * 1024 / 2**20)  # 16 KiB buckets
     order = [p for b in sync.buckets for p in b.params]
     assert order == list(model.parameters())[::-1]
+    sync.zero_grad()
+    with sync.accumulate():
+        model(torch.randn(3, 32)).sum().backward()
+    sync.wait()
     for b in sync.buckets:
-        assert b.buffer.numel() * 4 <= 16 * 1024 or len(b.params) == 1  # only an oversize tensor overflows
-        for p in b.params:  # each gradient is a view into its bucket: no copies
-            assert p.grad.untyped_storage().data_ptr() == b.buffer.untyped_storage().data_ptr()
-    assert len(sync.buckets) > 1 and sum(sizes) == sum(b.buffer.numel() * 4 for b in sync.buckets)
+        if b.solo:  # a tensor that fills a bucket alone is reduced in autograd's own gradient
+            assert b.params[0].numel() * 4 >= 16 * 1024 and b.buffer is b.params[0].grad
+        else:
+            assert b.buffer.numel() * 4 <= 16 * 1024
+            for p in b.params:  # each gradient is a view into its bucket: no copies
+                assert p.grad.untyped_storage().data_ptr() == b.buffer.untyped_storage().data_ptr()
+    assert any(b.solo for b in sync.buckets) and not all(b.solo for b in sync.buckets)
+    assert sum(sizes) == sum(b.buffer.numel() * 4 for b in sync.buckets)
 
 
 class RecordingComm(LocalComm):
