@@ -38,8 +38,7 @@ except (ValueError, RuntimeError) as e:
 
 comm = mpicomm.init(cfg.backend)
 pin_threads(comm.local_size)  # ranks on one host share its cores instead of oversubscribing them
-dataset = dataset.to(dtype)
-dataset = data.Dataset(dataset.x.to(device), dataset.y.to(device), dataset.name)
+dataset = dataset.to(dtype, device)
 if comm.is_root:
     task = "classification" if dataset.classification else "regression"
     print(

@@ -8,6 +8,7 @@ the root prints one message, every rank exits with status 2, and no rank waits i
 from __future__ import annotations
 
 import argparse
+import os
 from dataclasses import MISSING, dataclass, field, fields
 
 from .comm import BACKENDS
@@ -77,6 +78,7 @@ class TrainConfig:
         check(self.lr > 0, f"--lr must be positive, got {self.lr}")
         check(0 <= self.momentum < 1, f"--momentum must be in [0, 1), got {self.momentum}")
         check(self.bucket_mb > 0, f"--bucket-mb must be positive, got {self.bucket_mb}")
+        check(self.resume is None or os.path.isfile(self.resume), f"checkpoint {self.resume!r} does not exist")
         check(self.max_steps >= 0, f"--max-steps must be 0 or more, got {self.max_steps}")
 
     @classmethod

@@ -44,9 +44,10 @@ class Dataset:
     def __len__(self) -> int:
         return self.x.shape[0]
 
-    def to(self, dtype: torch.dtype) -> Dataset:
-        y = self.y if self.classification else self.y.to(dtype)
-        return Dataset(self.x.to(dtype), y, self.name)
+    def to(self, dtype: torch.dtype, device: torch.device | str = "cpu") -> Dataset:
+        """Features (and regression targets) in ``dtype``; class indices stay integers."""
+        y = self.y.to(device) if self.classification else self.y.to(device, dtype)
+        return Dataset(self.x.to(device, dtype), y, self.name)
 
 
 def toy_regression(num_samples: int = 4096, input_size: int = 100, seed: int = 0) -> Dataset:
