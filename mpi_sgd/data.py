@@ -54,12 +54,13 @@ def toy_regression(num_samples: int = 4096, input_size: int = 100, seed: int = 0
     """Regression onto a fixed random two-layer teacher plus noise: ``y = w2 . tanh(W1 x) + 0.1 e``.
 
     Seed 000's toy data was pure noise (nothing to learn); a teacher gives the loss somewhere to
-    fall. Everything is drawn from a generator seeded by ``seed``, so each rank makes the same set.
+    fall. Everything is drawn from a generator seeded by ``seed``, so the set is a function of
+    ``(seed, num_samples, input_size)`` alone and each rank makes the same one without any message.
     """
     g = torch.Generator().manual_seed(seed)
+    w1 = torch.randn(input_size, 32, generator=g) / input_size**0.5  # the teacher first: the same
+    w2 = torch.randn(32, 1, generator=g)  # function whatever num_samples is
     x = torch.randn(num_samples, input_size, generator=g)
-    w1 = torch.randn(input_size, 32, generator=g) / input_size**0.5
-    w2 = torch.randn(32, 1, generator=g)
     y = torch.tanh(x @ w1) @ w2 + 0.1 * torch.randn(num_samples, 1, generator=g)
     return Dataset(x, y, "toy")
 
