@@ -7,7 +7,11 @@ backward, gradient averaging, momentum update) at per-rank batch B for:
   the ranks still share the host's cores and memory bandwidth as they do in the runs below;
 * ``naive``, ``flat``, ``bucketed``  the strategies of :mod:`mpi_sgd.gradsync` over mpi4py;
 * ``ddp-gloo`` ``torch.nn.parallel.DistributedDataParallel`` over gloo, defaults untouched:
-  what a user of plain PyTorch would run.
+  what a user of plain PyTorch would run;
+* ``comm-only`` no training, just one blocking all-reduce of a buffer the size of all the
+  model's gradients: the communication a step cannot avoid, shown for scale. Without overlap a
+  step costs at least ``local`` + ``comm-only``; overlap can hide part of it only where a core
+  is free to move the bytes while backward runs.
 
 Each rank's figure is its median block; the table shows the slowest rank (it sets the pace of
 synchronous SGD), ``blocked`` the mean time per step a strategy spent waiting in communication,
@@ -28,7 +32,7 @@ MODELS = {
     "mlp": lambda: MLP((784, 1024, 1024, 10)),
     "simplenet": lambda: SimpleNet(784, 256, 10),
 }
-VARIANTS = ("local", "naive", "flat", "bucketed", "ddp-gloo")
+VARIANTS = ("local", "naive", "flat", "bucketed", "ddp-gloo", "comm-only")
 
 
 def _step_fn(model, optimizer, x, y, sync=None):
@@ -74,6 +78,10 @@ def bench_model(comm, name: str, args) -> list[dict]:
             sync = syncs[variant] = gradsync.make(variant, model, comm, args.bucket_mb)
         elif variant == "ddp-gloo":
             model = DistributedDataParallel(model)
+        elif variant == "comm-only":
+            grads = torch.zeros(sum(p.numel() for p in model.parameters()))
+            calls[variant] = lambda grads=grads: comm.allreduce(grads, "sum")
+            continue
         optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
         calls[variant] = _step_fn(model, optimizer, x, y, sync)
     times = time_interleaved(comm, calls, iterations=args.steps * args.rounds, warmup=args.warmup, rounds=args.rounds)
