@@ -35,7 +35,7 @@ class TrainConfig:
     momentum: float = _flag(0.9, "SGD momentum (ignored by adam)")
     optimizer: str = _flag("sgd", f"optimizer: {', '.join(OPTIMIZERS)}")
     strategy: str = _flag("bucketed", f"gradient averaging: {', '.join(STRATEGIES)}")
-    bucket_mb: float = _flag(4.0, "bucket size in MB for --strategy bucketed")
+    bucket_mb: float = _flag(1.0, "bucket size in MB for --strategy bucketed")
     seed: int = _flag(0, "seed for model initialisation, data order and synthetic data")
     device: str = _flag("cpu", "torch device, e.g. cpu or cuda")
     backend: str = _flag("mpi4py", f"communicator: {', '.join(BACKENDS)}")

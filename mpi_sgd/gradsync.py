@@ -17,7 +17,7 @@ Each strategy below leaves exactly that ``g`` in every ``param.grad``:
    all-reduce starts from an autograd hook the moment its last gradient is accumulated, so
    communication overlaps the rest of backward (the scheme of PyTorch DDP, Li et al., VLDB
    2020). Small tensors share a flat bucket buffer (their ``.grad`` are views of it); a tensor
-   that fills a bucket by itself is reduced where autograd put its gradient.
+   alone in its bucket is reduced where autograd put its gradient.
 
 Use: ``sync.zero_grad()``; for each micro-batch ``with sync.accumulate(last=...):
 (loss * sync.loss_scale).backward()``; then ``sync.wait()`` before ``optimizer.step()``.
@@ -99,10 +99,11 @@ class NaiveAllReduce(GradSync):
 class _Bucket:
     """Parameters whose gradients are all-reduced together, in ``buffer``.
 
-    A *solo* bucket holds one tensor that fills a bucket by itself. It needs no shared buffer:
-    its buffer is the gradient tensor autograd produced, reduced in place. A view into a shared
-    buffer would cost a zeroing pass and an accumulating add per step instead of autograd simply
-    handing its fresh tensor over (0.45 ms for 7.5 MB here, 5% of the benchmark MLP's step).
+    A *solo* bucket holds a single tensor (one too large to share a bucket, usually). It needs no
+    shared buffer: its buffer is the gradient tensor autograd produced, reduced in place. A view
+    into a shared buffer would cost a zeroing pass and an accumulating add per step instead of
+    autograd simply handing its fresh tensor over (0.45 ms for 7.5 MB here, 5% of the benchmark
+    MLP's step).
     """
 
     __slots__ = ("buffer", "params", "solo", "name", "pending", "request", "started", "finished")
@@ -128,8 +129,8 @@ class _Bucket:
 
 def _make_buckets(params: list[nn.Parameter], bucket_bytes: float) -> list[_Bucket]:
     """Group ``params`` (in the given order) into buckets of about ``bucket_bytes`` each. In a shared
-    bucket every ``param.grad`` becomes a view into the bucket's buffer; a tensor of at least
-    ``bucket_bytes`` is a solo bucket (see :class:`_Bucket`). A dtype change starts a new bucket,
+    bucket every ``param.grad`` becomes a view into the bucket's buffer; a tensor alone in its
+    bucket is a solo bucket (see :class:`_Bucket`). A dtype change starts a new bucket,
     since one buffer holds one dtype."""
     groups: list[list[nn.Parameter]] = []
     size = 0.0
@@ -142,7 +143,7 @@ def _make_buckets(params: list[nn.Parameter], bucket_bytes: float) -> list[_Buck
         size += nbytes
     buckets = []
     for group in groups:
-        if len(group) == 1 and group[0].numel() * group[0].element_size() >= bucket_bytes:
+        if len(group) == 1:
             buckets.append(_Bucket(None, group, f"allreduce[{len(buckets)}]"))
             continue
         buffer = torch.zeros(sum(p.numel() for p in group), dtype=group[0].dtype, device=group[0].device)
@@ -197,7 +198,7 @@ class BucketedAllReduce(FlatAllReduce):
     torch.distributed backends (gloo, nccl) progress on their own threads either way.
     """
 
-    def __init__(self, model, comm, bucket_mb: float = 4.0, events=None):
+    def __init__(self, model, comm, bucket_mb: float = 1.0, events=None):
         GradSync.__init__(self, model, comm, events)
         self.buckets = _make_buckets(self.params[::-1], bucket_mb * 2**20)
         self.loss_scale = 1.0 / comm.size
@@ -250,7 +251,7 @@ class BucketedAllReduce(FlatAllReduce):
             h.remove()
 
 
-def make(strategy: str, model: nn.Module, comm, bucket_mb: float = 4.0, events: list | None = None) -> GradSync:
+def make(strategy: str, model: nn.Module, comm, bucket_mb: float = 1.0, events: list | None = None) -> GradSync:
     """The strategy named ``strategy`` (one of :data:`STRATEGIES`) for ``model`` on ``comm``."""
     if strategy == "naive":
         return NaiveAllReduce(model, comm, events)

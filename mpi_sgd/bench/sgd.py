@@ -159,7 +159,7 @@ def add_parser(kinds) -> None:
         help=f"comma-separated variants: {','.join(VARIANTS)} (default all)",
     )
     p.add_argument("--batch-size", type=int, default=64, help="samples per rank per step (default 64)")
-    p.add_argument("--bucket-mb", type=float, default=4.0, help="bucket size for 'bucketed' in MB (default 4)")
+    p.add_argument("--bucket-mb", type=float, default=1.0, help="bucket size for 'bucketed' in MB (default 1)")
     p.add_argument("--steps", type=int, default=20, help="timed steps per block (default 20)")
     p.add_argument("--rounds", type=int, default=5, help="interleaved blocks per variant (default 5)")
     p.add_argument("--warmup", type=int, default=5, help="discarded steps per variant (default 5)")
