@@ -37,6 +37,13 @@ def make_optimizer(cfg: TrainConfig, model: torch.nn.Module) -> torch.optim.Opti
 
 
 class Trainer:
+    """Synchronous SGD on ``comm``: ``train()`` runs epochs of :meth:`_run_batch` steps.
+
+    ``model`` must start identical on every rank (see :func:`mpi_sgd.gradsync.broadcast_parameters`)
+    and ``sync`` be the gradient strategy built for it; the trainer zeroes gradients through
+    ``sync``, since flat and bucketed gradients are views that ``optimizer.zero_grad()`` would drop.
+    """
+
     def __init__(self, model, optimizer, sync: GradSync, dataset: data.Dataset, comm, cfg: TrainConfig):
         self.model, self.optimizer, self.sync, self.comm, self.cfg = model, optimizer, sync, comm, cfg
         self.dataset = dataset
@@ -153,8 +160,13 @@ class Trainer:
         self.epoch, self.step_in_epoch, self.step = state["epoch"], state["step_in_epoch"], state["step"]
         if state["world_size"] == self.comm.size:
             torch.set_rng_state(state["rng"][self.comm.rank])
-        else:  # a different world: fresh dropout streams, still distinct per rank
-            torch.manual_seed(self.cfg.seed + self.comm.rank + 1_000_003 * self.step)
+            return
+        # A different world size: training goes on correctly but not bit for bit. Each rank gets a
+        # fresh dropout stream, and an epoch cut at the old R*B cannot be continued at the new one,
+        # so an interrupted epoch is left and the next one starts.
+        torch.manual_seed(self.cfg.seed + self.comm.rank + 1_000_003 * self.step)
+        if self.step_in_epoch:
+            self.epoch, self.step_in_epoch = self.epoch + 1, 0
 
     # -- measurements -----------------------------------------------------------------------
     def metrics(self) -> dict:
