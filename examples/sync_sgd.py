@@ -72,4 +72,4 @@ if comm.is_root:
     if cfg.metrics_json:
         write_json(metrics, cfg.metrics_json)
     if cfg.timeline:
-        write_json({"ranks": timeline}, cfg.timeline)
+        write_json(timeline, cfg.timeline)

@@ -46,7 +46,9 @@ class TrainConfig:
     )
     resume: str | None = _flag(None, "resume from this checkpoint (model, optimizer, step, RNG state)", str)
     metrics_json: str | None = _flag(None, "write loss, accuracy and per-step t_comp/t_sync here as JSON", str)
-    timeline: str | None = _flag(None, "write per-rank events (forward, backward, allreduce, step) here as JSON", str)
+    timeline: str | None = _flag(
+        None, "write a Chrome trace of every rank's forward, backward, allreduce, optimizer here", str
+    )
     progress: bool = _flag(True, "show a progress bar on the root rank")
 
     def __post_init__(self):

@@ -208,10 +208,23 @@ class Trainer:
             "t_sync": t_sync,
         }
 
-    def timeline(self) -> list | None:
-        """Every rank's events as ``{"name", "start", "dur"}`` (seconds since the trainer was made)."""
-        mine = [{"name": n, "start": s - self._t0, "dur": d} for n, s, d in self.events or []]
-        return self.comm.gather_obj(mine)
+    def timeline(self) -> dict | None:
+        """Every rank's events as a Chrome trace (chrome://tracing, ui.perfetto.dev); root only.
+
+        One complete event (``"ph": "X"``) per forward, backward, optimizer step and all-reduce
+        (``allreduce[i]`` per bucket), ``tid`` = rank, ``ts``/``dur`` in microseconds since the
+        ranks left a common barrier when the trainer was made.
+        """
+        mine = [(n, s - self._t0, d) for n, s, d in self.events or []]
+        everyone = self.comm.gather_obj(mine)
+        if not self.comm.is_root:
+            return None
+        trace = [
+            {"name": n, "ph": "X", "pid": 0, "tid": rank, "ts": 1e6 * s, "dur": 1e6 * d}
+            for rank, events in enumerate(everyone)
+            for n, s, d in events
+        ]
+        return {"traceEvents": trace, "displayTimeUnit": "ms"}
 
 
 def write_json(obj, path: str) -> None:
