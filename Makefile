@@ -83,6 +83,11 @@ examples: venv
 bench: venv
 	$(MPIEXEC) -n $(NP) $(BIN)/mpi-sgd bench allreduce
 
+# Training step time: naive/flat/bucketed vs torch DDP (gloo) vs no communication, one run.
+.PHONY: bench-sgd
+bench-sgd: venv
+	$(MPIEXEC) -n $(NP) $(BIN)/mpi-sgd bench sgd
+
 lint: venv
 	$(BIN)/ruff check mpi_sgd examples tests
 	$(BIN)/ruff format --check mpi_sgd examples tests
