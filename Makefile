@@ -77,7 +77,7 @@ test-integration: venv
 examples: venv
 	@set -e; for f in examples/0*.py; do \
 	  echo "== $$f at mpiexec -n $(NP) =="; \
-	  $(MPIEXEC) -n $(NP) $(PY) $$f --small; \
+	  $(MPIEXEC) -n $(NP) $(PY) $$f; \
 	done
 
 bench: venv

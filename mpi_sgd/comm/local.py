@@ -16,7 +16,9 @@ from .base import CommError, Communicator, Request, check_op, split_counts
 
 def _is_floating(buf) -> bool:
     dtype = buf.dtype
-    return getattr(dtype, "is_floating_point", None) or getattr(dtype, "kind", "") in "fc"
+    if hasattr(dtype, "is_floating_point"):  # torch
+        return dtype.is_floating_point
+    return dtype.kind in ("f", "c")  # numpy
 
 
 def _check_rank(peer: int, what: str) -> None:
@@ -24,35 +26,56 @@ def _check_rank(peer: int, what: str) -> None:
         raise CommError(f"{what} rank {peer} does not exist in a world of size 1")
 
 
-class LocalComm(Communicator):
-    backend = "local"
+class Loopback:
+    """Messages from a rank to itself, matched by tag in order, as MPI matches them.
+
+    A send finding a posted receive fills it; otherwise a copy waits in the mailbox (the sender
+    may reuse its buffer at once). Waiting on a receive nothing will ever fill raises instead
+    of hanging. Backends that cannot message their own rank (gloo) route self-messages here.
+    """
 
     def __init__(self):
-        self.rank, self.size, self.local_rank, self.local_size = 0, 1, 0, 1
         self._mailbox: dict[int, deque] = defaultdict(deque)  # tag -> sent copies
         self._waiting: dict[int, deque] = defaultdict(deque)  # tag -> posted receives
 
-    # -- point to point (to self) ---------------------------------------------------------
-    def isend(self, buf, dest, tag=0):
-        _check_rank(dest, "destination")
+    def isend(self, buf, tag: int) -> Request:
         if self._waiting[tag]:
             self._waiting[tag].popleft()[...] = buf
         else:
             self._mailbox[tag].append(buf.clone() if hasattr(buf, "clone") else buf.copy())
         return Request.completed()
 
-    def irecv(self, buf, source, tag=0):
-        _check_rank(source, "source")
+    def irecv(self, buf, tag: int) -> Request:
         if self._mailbox[tag]:
             buf[...] = self._mailbox[tag].popleft()
             return Request.completed()
         self._waiting[tag].append(buf)
 
-        def wait(_):
-            if any(b is buf for b in self._waiting[tag]):
+        def pending(_) -> bool:
+            return any(b is buf for b in self._waiting[tag])
+
+        def wait(handle):
+            if pending(handle):
                 raise CommError(f"receive from self (tag {tag}) has no matching send: it would wait forever")
 
-        return Request(None, wait, lambda _: not any(b is buf for b in self._waiting[tag]))
+        return Request(None, wait, lambda h: not pending(h))
+
+
+class LocalComm(Communicator):
+    backend = "local"
+
+    def __init__(self):
+        self.rank, self.size, self.local_rank, self.local_size = 0, 1, 0, 1
+        self._self = Loopback()
+
+    # -- point to point (to self) ---------------------------------------------------------
+    def isend(self, buf, dest, tag=0):
+        _check_rank(dest, "destination")
+        return self._self.isend(buf, tag)
+
+    def irecv(self, buf, source, tag=0):
+        _check_rank(source, "source")
+        return self._self.irecv(buf, tag)
 
     def send(self, buf, dest, tag=0):
         self.isend(buf, dest, tag)

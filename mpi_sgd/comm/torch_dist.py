@@ -8,6 +8,7 @@ and carries the rendezvous (rank 0's address and a free port) to everyone, so no
 What each backend lacks is filled in here, and nowhere else:
 
 * gloo and mpi have no "avg" op: SUM, then divide in place.
+* gloo cannot message its own rank: such messages go through a local loopback.
 * gloo has no reduce_scatter, and none of the backends has one with uneven segments: those
   fall back to an all-reduce of a copy and a slice (correct, but moves ``size`` times more data).
 * The pip wheels of torch are built without the MPI backend; asking for it there fails with a
@@ -25,6 +26,7 @@ import torch
 import torch.distributed as dist
 
 from .base import CommError, Communicator, Request, check_op, displacements, split_counts
+from .local import Loopback
 
 BACKENDS = ("gloo", "mpi", "nccl")
 
@@ -92,6 +94,7 @@ class TorchDistComm(Communicator):
         self.mpi = mpi
         self.rank, self.size = mpi.rank, mpi.size
         self.local_rank, self.local_size = mpi.local_rank, mpi.local_size
+        self._self = Loopback()
         if not dist.is_initialized():
             self._init_process_group(timeout_s)
         self.device = torch.device("cuda", self.local_rank) if backend == "nccl" else torch.device("cpu")
@@ -143,18 +146,22 @@ class TorchDistComm(Communicator):
 
     # -- point to point -------------------------------------------------------------------
     def send(self, buf, dest, tag=0):
-        dist.send(_t(buf), dest, tag=tag)
+        self.isend(buf, dest, tag).wait()
 
     def recv(self, buf, source, tag=0):
-        dist.recv(_t(buf), source, tag=tag)
+        self.irecv(buf, source, tag).wait()
         return buf
 
     def isend(self, buf, dest, tag=0):
         t = _t(buf)
+        if dest == self.rank:
+            return self._self.isend(t, tag)
         return Request(dist.isend(t, dest, tag=tag), _work_wait, _work_test, keep=t)
 
     def irecv(self, buf, source, tag=0):
         t = _t(buf)
+        if source == self.rank:
+            return self._self.irecv(t, tag)
         return Request(dist.irecv(t, source, tag=tag), _work_wait, _work_test, keep=t)
 
     # -- collectives ----------------------------------------------------------------------

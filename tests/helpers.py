@@ -1,0 +1,57 @@
+"""Data and references shared by the tests: what every rank holds, and what the answer must be."""
+
+from __future__ import annotations
+
+import numpy as np
+
+DTYPES = ("float32", "float64", "int32", "int64")
+
+
+def rank_data(rank: int, n: int, dtype: str, small: bool = False) -> np.ndarray:
+    """Deterministic data of one rank, so that every rank can compute every other rank's share."""
+    rng = np.random.default_rng(1000 + rank)
+    if np.dtype(dtype).kind == "f":
+        return (rng.uniform(0.5, 1.5, n) if small else rng.standard_normal(n)).astype(dtype)
+    return rng.integers(1, 3, n).astype(dtype) if small else rng.integers(-50, 50, n).astype(dtype)
+
+
+def reference(op: str, size: int, n: int, dtype: str) -> np.ndarray:
+    """The reduction over all ranks, computed in one process in float64 (or exact integers)."""
+    parts = np.stack([rank_data(r, n, dtype, small=op == "prod") for r in range(size)])
+    wide = parts.astype(np.float64) if parts.dtype.kind == "f" else parts
+    return {
+        "sum": lambda: wide.sum(0),
+        "avg": lambda: wide.sum(0) / size,
+        "min": lambda: wide.min(0),
+        "max": lambda: wide.max(0),
+        "prod": lambda: wide.prod(0),
+    }[op]()
+
+
+def tolerance(op: str, size: int, n: int, dtype: str) -> np.ndarray | float:
+    """Why this tolerance: MPI, gloo and the ring add the same numbers in different orders. Any
+    order of summing ``size`` terms errs by at most (size-1)·u·Σ|x_r| (Higham, *Accuracy and
+    Stability*, §4.2), u the unit roundoff of the dtype; avg divides that by size, products
+    compound the same way on |Π x_r|. Integers and min/max must be exact."""
+    if np.dtype(dtype).kind != "f" or op in ("min", "max"):
+        return 0.0
+    u = np.finfo(dtype).eps
+    parts = np.stack([rank_data(r, n, dtype, small=op == "prod") for r in range(size)]).astype(np.float64)
+    # u·|result| covers rounding the exact float64 reference to the dtype itself.
+    if op == "prod":
+        mag = np.abs(parts).prod(0)
+        return (size + 1) * u * mag
+    mag = np.abs(parts).sum(0) / (size if op == "avg" else 1)
+    return (size + 1) * u * mag
+
+
+def assert_close(got, op: str, size: int, n: int, dtype: str) -> None:
+    got = np.asarray(got, dtype=np.float64 if np.dtype(dtype).kind == "f" else None).reshape(-1)
+    ref = reference(op, size, n, dtype)
+    tol = tolerance(op, size, n, dtype)
+    err = np.abs(got - ref)
+    bad = np.nonzero(err > tol)[0]
+    assert bad.size == 0, (
+        f"{op} over {size} ranks, {n} x {dtype}: {bad.size} element(s) off, first at {bad[0]}: "
+        f"got {got[bad[0]]!r}, want {ref[bad[0]]!r} (tolerance {np.broadcast_to(tol, err.shape)[bad[0]]:.3g})"
+    )

@@ -1,0 +1,68 @@
+"""Every numbered example at world sizes 1-4 (4 oversubscribes two cores), checked on its output."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from .conftest import EXAMPLES, run_mpi
+
+SIZES = (1, 2, 3, 4)
+
+
+@pytest.mark.parametrize("n", SIZES)
+def test_01_hello(n):
+    out = run_mpi(n, str(EXAMPLES / "01_hello.py")).stdout
+    assert f"{n} rank(s) on 1 host(s)" in out
+    for r in range(n):
+        assert re.search(rf"hello from rank {r} of {n} on \S+ \(local rank {r} of {n}, pid \d+\)", out)
+
+
+@pytest.mark.parametrize("n", SIZES)
+def test_02_p2p(n):
+    out = run_mpi(n, str(EXAMPLES / "02_p2p.py")).stdout
+    assert f"token after one lap: {n * (n - 1) // 2} (expected" in out
+    for r in range(n):
+        assert f"rank {r}: got {r} from root, {100 * ((r - 1) % n)} from left neighbour {(r - 1) % n}" in out
+
+
+@pytest.mark.parametrize("n", SIZES)
+def test_03_collectives(n):
+    out = run_mpi(n, str(EXAMPLES / "03_collectives.py")).stdout
+    total = n * (n + 1) // 2  # ranks hold 1..n: the three-rank sum is 6
+    assert out.count(f"has {total}\n") == n
+    assert f"gather     root has squares {[r * r for r in range(n)]}" in out
+    assert "all collectives agree with the one-process reference" in out
+
+
+# Integers at the odd size, where the ring's segments are uneven; floats elsewhere.
+@pytest.mark.parametrize("n, dtype", [(1, "float32"), (2, "float32"), (3, "int64"), (4, "float64")])
+def test_04_ring_allreduce(n, dtype):
+    out = run_mpi(
+        n, str(EXAMPLES / "04_ring_allreduce.py"), "--length", "10007", "--dtype", dtype, "--iterations", "5"
+    ).stdout
+    assert re.search(r"ring vs MPI Allreduce: max \|difference\| \S+ \(tolerance \S+\): agree", out)
+    assert re.search(r"ring: +[\d.]+ ms per all-reduce", out)
+    assert re.search(r"MPI Allreduce: +[\d.]+ ms per all-reduce", out)
+
+
+def test_examples_run_over_gloo_and_without_mpi():
+    out = run_mpi(2, str(EXAMPLES / "03_collectives.py"), "--backend", "gloo").stdout
+    assert "all collectives agree" in out
+    out = run_mpi(1, str(EXAMPLES / "02_p2p.py"), "--backend", "local").stdout
+    assert "token after one lap: 0" in out
+
+
+@pytest.mark.parametrize(
+    "script, args, message",
+    [
+        ("02_p2p.py", ["--length", "0"], "--length must be at least 1"),
+        ("04_ring_allreduce.py", ["--dtype", "bfloat16"], "invalid choice: 'bfloat16'"),
+        ("01_hello.py", ["--frobnicate"], "unrecognized arguments: --frobnicate"),
+    ],
+)
+def test_bad_arguments_exit_2_with_one_usage(script, args, message):
+    proc = run_mpi(2, str(EXAMPLES / script), *args, check=False, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.count("usage:") == 1 and message in proc.stderr

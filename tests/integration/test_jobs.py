@@ -1,0 +1,60 @@
+"""Whole-job behaviour: a failing rank ends the job naming itself; the benchmark CLI runs."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+
+from .conftest import run_mpi
+
+
+def test_a_failing_rank_aborts_the_job_quickly(tmp_path):
+    script = tmp_path / "fail.py"
+    script.write_text(
+        "from mpi_sgd.comm import init\n"
+        "comm = init()\n"
+        "if comm.rank == 1:\n"
+        "    raise ValueError('bad shard on purpose')\n"
+        "comm.barrier()  # the other ranks would wait here forever without the abort hook\n"
+    )
+    start = time.monotonic()
+    proc = run_mpi(3, str(script), check=False, timeout=60)
+    assert proc.returncode != 0
+    assert time.monotonic() - start < 30  # bounded by start-up, not by MPIEXEC_TIMEOUT
+    assert "rank 1 of 3" in proc.stderr and "ValueError: bad shard on purpose" in proc.stderr
+
+
+def test_bench_allreduce_prints_side_by_side_and_writes_json(tmp_path):
+    proc = run_mpi(
+        2,
+        "-m",
+        "mpi_sgd.cli",
+        "bench",
+        "allreduce",
+        "--min-bytes",
+        "1KiB",
+        "--max-bytes",
+        "64KiB",
+        "--iterations",
+        "20",
+        "--rounds",
+        "2",
+        "--out-dir",
+        str(tmp_path),
+        "--detail",
+    )
+    out = proc.stdout
+    assert "| raw us | seam us | ring us | gloo us | seam/raw | overhead us |" in out
+    assert re.search(r"\|\s+1 KiB \|", out) and re.search(r"\|\s+64 KiB \|", out)
+    assert "seam per-call overhead below 64 KiB" in out and "## gloo" in out
+    data = json.loads((tmp_path / "allreduce-n2.json").read_text())
+    assert data["ranks"] == 2 and {r["impl"] for r in data["rows"]} == {"raw", "seam", "ring", "gloo"}
+    assert {r["bytes"] for r in data["rows"]} == {1024 << k for k in range(7)}
+    assert all(r["min_s"] <= r["avg_s"] <= r["max_s"] for r in data["rows"])
+    assert (tmp_path / "allreduce-n2.png").stat().st_size > 1000
+
+
+def test_bench_rejects_bad_sizes():
+    proc = run_mpi(2, "-m", "mpi_sgd.cli", "bench", "allreduce", "--max-bytes", "lots", check=False, timeout=60)
+    assert proc.returncode == 2 and "not a size: 'lots'" in proc.stderr

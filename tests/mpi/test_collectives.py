@@ -1,0 +1,149 @@
+"""Every collective of the seam, on every backend, against a one-process numpy reference."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from mpi_sgd.collectives import ring_allreduce
+from mpi_sgd.comm import OPS, split_counts
+from tests.helpers import DTYPES, assert_close, rank_data, reference
+
+pytestmark = pytest.mark.mpi
+
+
+def lengths(size: int) -> list[int]:
+    # 1 and size-1 give empty ring segments; 7 and 1001 do not divide evenly by 2 or 3.
+    return sorted({1, max(1, size - 1), size, 7, 1001})
+
+
+def mine(comm, n, dtype, small=False) -> torch.Tensor:
+    return torch.from_numpy(rank_data(comm.rank, n, dtype, small))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("op", OPS)
+def test_allreduce(comm, op, dtype):
+    for n in lengths(comm.size):
+        x = mine(comm, n, dtype, small=op == "prod")
+        if op == "avg" and not x.dtype.is_floating_point:
+            with pytest.raises(TypeError, match="floating"):
+                comm.allreduce(x, op)
+            continue
+        assert comm.allreduce(x, op) is x  # in place
+        assert_close(x, op, comm.size, n, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("op", ("sum", "avg", "max"))
+def test_iallreduce(comm, op, dtype):
+    if op == "avg" and dtype.startswith("int"):
+        pytest.skip("avg needs a floating dtype (tested in test_allreduce)")
+    bufs = [mine(comm, n, dtype) for n in lengths(comm.size)]
+    requests = [comm.iallreduce(b, op) for b in bufs]  # several in flight at once
+    for r in reversed(requests):
+        r.wait()
+    for b in bufs:
+        assert_close(b, op, comm.size, b.numel(), dtype)
+
+
+def test_allreduce_numpy(comm):
+    x = rank_data(comm.rank, 1001, "float64")
+    comm.allreduce(x)
+    assert_close(x, "sum", comm.size, 1001, "float64")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("op", ("sum", "avg", "max", "prod"))
+def test_ring_allreduce(comm, op, dtype):
+    if op == "avg" and dtype.startswith("int"):
+        pytest.skip("avg needs a floating dtype")
+    for n in lengths(comm.size):
+        x = mine(comm, n, dtype, small=op == "prod")
+        ring_allreduce(comm, x, op)
+        assert_close(x, op, comm.size, n, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_broadcast_from_last_rank(comm, dtype):
+    root = comm.size - 1
+    x = mine(comm, 7, dtype)
+    comm.broadcast(x, root=root)
+    np.testing.assert_array_equal(x.numpy(), rank_data(root, 7, dtype))
+
+
+@pytest.mark.parametrize("op", ("sum", "min"))
+def test_reduce(comm, op):
+    root = comm.size // 2
+    x = mine(comm, 1001, "float64")
+    comm.reduce(x, op, root=root)
+    if comm.rank == root:
+        assert_close(x, op, comm.size, 1001, "float64")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gather_allgather_scatter(comm, dtype):
+    size, root = comm.size, comm.size - 1
+    everyone = np.stack([rank_data(r, 5, dtype) for r in range(size)])
+    got = torch.zeros(size, 5, dtype=getattr(torch, dtype))
+    comm.allgather(mine(comm, 5, dtype), got)
+    np.testing.assert_array_equal(got.numpy(), everyone)
+
+    got.zero_()
+    comm.gather(mine(comm, 5, dtype), got if comm.rank == root else None, root=root)
+    if comm.rank == root:
+        np.testing.assert_array_equal(got.numpy(), everyone)
+
+    row = torch.zeros(5, dtype=getattr(torch, dtype))
+    comm.scatter(torch.from_numpy(everyone) if comm.rank == root else None, row, root=root)
+    np.testing.assert_array_equal(row.numpy(), everyone[comm.rank])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", (1, 7, 1001))
+def test_reduce_scatter(comm, dtype, n):
+    counts = split_counts(n, comm.size)  # uneven, and empty segments when n < size
+    out = torch.zeros(counts[comm.rank], dtype=getattr(torch, dtype))
+    comm.reduce_scatter(mine(comm, n, dtype), out, counts)
+    start = sum(counts[: comm.rank])
+    full = reference("sum", comm.size, n, dtype)
+    if dtype.startswith("float"):
+        np.testing.assert_allclose(
+            out.numpy(), full[start : start + counts[comm.rank]], rtol=(comm.size + 1) * np.finfo(dtype).eps, atol=1e-5
+        )
+    else:
+        np.testing.assert_array_equal(out.numpy(), full[start : start + counts[comm.rank]])
+
+
+def test_point_to_point_ring(comm):
+    right, left = (comm.rank + 1) % comm.size, (comm.rank - 1) % comm.size
+    out, into = mine(comm, 1001, "float64"), torch.zeros(1001, dtype=torch.float64)
+    reqs = [comm.irecv(into, left, tag=5), comm.isend(out, right, tag=5)]
+    for r in reqs:
+        r.wait()
+    np.testing.assert_array_equal(into.numpy(), rank_data(left, 1001, "float64"))
+    # Blocking pair, ordered so it cannot deadlock: even ranks send first. Alone, a rank posts
+    # a non-blocking send to itself and waits on it only after the receive: MPI may hold a send
+    # until its receive is posted, so waiting first could block forever.
+    token = torch.tensor([comm.rank], dtype=torch.int64)
+    got = torch.zeros(1, dtype=torch.int64)
+    if comm.size == 1:
+        sent = comm.isend(token, 0, tag=6)
+        comm.recv(got, 0, tag=6)
+        sent.wait()
+    elif comm.rank % 2 == 0:
+        comm.send(token, right, tag=6)
+        comm.recv(got, left, tag=6)
+    else:
+        comm.recv(got, left, tag=6)
+        comm.send(token, right, tag=6)
+    assert got.item() == left
+
+
+def test_objects(comm):
+    assert comm.bcast_obj({"from": comm.rank}, root=comm.size - 1) == {"from": comm.size - 1}
+    assert comm.allgather_obj(comm.rank) == list(range(comm.size))
+    gathered = comm.gather_obj(comm.rank * 10)
+    assert gathered == ([r * 10 for r in range(comm.size)] if comm.is_root else None)
+    comm.barrier()

@@ -1,0 +1,84 @@
+"""Bad input fails clearly, before any communication, on every rank; debug mode catches ranks
+that disagree. Nothing here may hang: every rank raises the same error at the same point."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mpi_sgd.comm import CollectiveMismatchError, CommError
+from mpi_sgd.comm.mpi import MPIComm
+
+pytestmark = pytest.mark.mpi
+
+
+@pytest.fixture
+def mpicomm(comm):
+    if comm.backend != "mpi4py":
+        pytest.skip("buffer validation is the mpi4py backend's; torch validates its own")
+    return comm
+
+
+def test_non_contiguous_rejected(mpicomm):
+    x = torch.zeros(4, 6)[:, ::2]
+    with pytest.raises(CommError, match="not contiguous.*contiguous"):
+        mpicomm.allreduce(x)
+
+
+def test_bfloat16_rejected(mpicomm):
+    with pytest.raises(CommError, match="bfloat16 has no MPI datatype.*convert"):
+        mpicomm.allreduce(torch.zeros(3, dtype=torch.bfloat16))
+
+
+def test_requires_grad_rejected(mpicomm):
+    with pytest.raises(CommError, match="requires grad.*detach"):
+        mpicomm.broadcast(torch.zeros(3, requires_grad=True))
+
+
+def test_other_device_rejected(mpicomm):
+    with pytest.raises(CommError, match="not declared CUDA-aware.*nccl"):
+        mpicomm.allreduce(torch.zeros(3, device="meta"))
+
+
+def test_unknown_op(comm):
+    with pytest.raises(ValueError, match="unknown reduction op 'mean'"):
+        comm.allreduce(torch.zeros(3), "mean")
+
+
+def test_buffer_untouched_on_int_avg(comm):
+    x = torch.full((3,), comm.rank + 1, dtype=torch.int32)
+    with pytest.raises(TypeError):
+        comm.allreduce(x, "avg")
+    assert x.tolist() == [comm.rank + 1] * 3
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize(
+    "call",
+    [
+        ("allreduce", lambda c: c.allreduce(torch.zeros(3 + c.rank))),
+        ("allreduce", lambda c: c.allreduce(torch.zeros(3, dtype=torch.float64 if c.rank else torch.float32))),
+        ("allreduce", lambda c: c.allreduce(torch.zeros(3), "max" if c.rank else "sum")),
+        ("broadcast", lambda c: c.broadcast(torch.zeros(3), root=c.rank)),
+        ("iallreduce", lambda c: c.iallreduce(torch.zeros(2 * c.rank + 1)).wait()),
+    ],
+    ids=["shape", "dtype", "op", "root", "nonblocking"],
+)
+def test_debug_mode_catches_mismatch_on_every_rank(world, call):
+    name, fn = call
+    checked = MPIComm(world.comm, debug=True)
+    with pytest.raises(CollectiveMismatchError, match=f"ranks called {name} with different arguments") as err:
+        fn(checked)
+    assert "rank 1:" in str(err.value)  # names every rank's arguments
+
+
+def test_debug_mode_passes_agreeing_calls(world):
+    checked = MPIComm(world.comm, debug=True)
+    x = torch.ones(5)
+    checked.allreduce(x)
+    assert x.tolist() == [float(world.size)] * 5
+
+
+def test_debug_off_binds_plain_methods(world):
+    # "costs nothing when off": the instance carries no wrapper at all.
+    assert "allreduce" not in vars(MPIComm(world.comm, debug=False))

@@ -1,0 +1,42 @@
+"""Benchmark plumbing that needs no processes: sizes, units, tables, bandwidth factors."""
+
+import pytest
+
+from mpi_sgd.bench.allreduce import bus_factor, sizes
+from mpi_sgd.bench.report import human_bytes, markdown_table, parse_bytes
+from mpi_sgd.bench.timing import osu_iterations
+
+
+def test_sizes_are_powers_of_two_inclusive():
+    assert sizes(4, 64) == [4, 8, 16, 32, 64]
+    assert sizes(1000, 4096) == [1024, 2048, 4096]
+    assert sizes(1024, 64 << 20)[-1] == 64 << 20
+
+
+@pytest.mark.parametrize("text, n", [("4", 4), ("64KiB", 65536), ("16 MiB", 16 << 20), ("1GB", 1 << 30), ("1k", 1024)])
+def test_parse_bytes(text, n):
+    assert parse_bytes(text) == n
+
+
+@pytest.mark.parametrize("text", ["", "lots", "-4", "0"])
+def test_parse_bytes_rejects(text):
+    with pytest.raises(ValueError):
+        parse_bytes(text)
+
+
+def test_human_bytes():
+    assert [human_bytes(n) for n in (4, 1024, 3 << 20, 1 << 30)] == ["4 B", "1 KiB", "3 MiB", "1 GiB"]
+
+
+def test_bus_factor_matches_nccl_tests():
+    assert bus_factor(1) == 1.0 and bus_factor(2) == 1.0 and bus_factor(4) == 1.5
+
+
+def test_osu_defaults():
+    assert osu_iterations(8192) == (1000, 100) and osu_iterations(8193) == (100, 10)
+
+
+def test_markdown_table_aligns_and_marks_missing():
+    text = markdown_table(["size", "t"], [["1 KiB", 1.5], ["2 KiB", float("nan")]])
+    lines = text.splitlines()
+    assert len({len(line) for line in lines}) == 1 and lines[1].startswith("|--") and "-" in lines[3]

@@ -1,0 +1,48 @@
+"""Rank discovery from launcher variables: pure logic, no processes."""
+
+import pytest
+
+from mpi_sgd.launch import placement
+
+
+@pytest.mark.parametrize(
+    "env, expected",
+    [
+        ({}, (0, 1, 0, 1, "none")),
+        ({"PMI_RANK": "3", "PMI_SIZE": "4", "MPI_LOCALRANKID": "1", "MPI_LOCALNRANKS": "2"}, (3, 4, 1, 2, "hydra")),
+        (
+            {
+                "OMPI_COMM_WORLD_RANK": "5",
+                "OMPI_COMM_WORLD_SIZE": "8",
+                "OMPI_COMM_WORLD_LOCAL_RANK": "1",
+                "OMPI_COMM_WORLD_LOCAL_SIZE": "4",
+            },
+            (5, 8, 1, 4, "openmpi"),
+        ),
+        (
+            {
+                "SLURM_PROCID": "4",
+                "SLURM_NTASKS": "5",
+                "SLURM_LOCALID": "0",
+                "SLURM_TASKS_PER_NODE": "2(x2),1",
+                "SLURM_NODEID": "2",
+            },
+            (4, 5, 0, 1, "slurm"),
+        ),
+        (
+            {"SLURM_PROCID": "1", "SLURM_NTASKS": "4", "SLURM_LOCALID": "1", "SLURM_NTASKS_PER_NODE": "2"},
+            (1, 4, 1, 2, "slurm"),
+        ),
+        ({"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"}, (1, 2, 1, 2, "torchrun")),
+    ],
+    ids=["none", "hydra", "openmpi", "slurm-tasks-per-node", "slurm-ntasks-per-node", "torchrun"],
+)
+def test_placement(env, expected):
+    p = placement(env)
+    assert (p.rank, p.size, p.local_rank, p.local_size, p.launcher) == expected
+
+
+def test_mpi_launcher_wins_over_enclosing_slurm_step():
+    # mpiexec inside an sbatch script: the batch step's SLURM_PROCID=0 is on every rank.
+    env = {"SLURM_PROCID": "0", "SLURM_NTASKS": "1", "PMI_RANK": "2", "PMI_SIZE": "4"}
+    assert placement(env).rank == 2 and placement(env).launcher == "hydra"
