@@ -1,63 +1,38 @@
 """examples/sync_sgd.py and the MPI tests, launched the way users launch them: under mpiexec.
 
-These tests start their own MPI jobs, so they skip themselves inside one. ``MPI_SGD_MPIEXEC``
-names the launcher (the Makefile sets it); ``MPIEXEC_TIMEOUT`` and the subprocess timeout make a
-hang fail the test instead of stalling the suite.
+They start their own jobs through ``conftest.run_mpi`` (which skips them inside an MPI job and
+puts a timeout on every launch, so a hang fails the test instead of stalling the suite).
 """
 
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
-import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "examples" / "sync_sgd.py"
-TIMEOUT = 120
+from .conftest import EXAMPLES, ROOT, run_mpi
 
-if any(int(os.environ.get(v, "1")) > 1 for v in ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE")):
-    pytest.skip("launches its own mpiexec; run it outside an MPI job", allow_module_level=True)
+SCRIPT = str(EXAMPLES / "sync_sgd.py")
+# One thread per rank whatever the host: two or four ranks share two cores in CI.
+ENV = {"OMP_NUM_THREADS": "1"}
 
 
-def mpiexec() -> str:
-    exe = os.environ.get("MPI_SGD_MPIEXEC") or shutil.which("mpiexec") or str(Path(sys.executable).parent / "mpiexec")
-    if not os.path.exists(exe) and not shutil.which(exe):
-        pytest.skip("no mpiexec found (set MPI_SGD_MPIEXEC)")
-    return exe
-
-
-def launch(n: int, *args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
-    env = dict(os.environ, MPIEXEC_TIMEOUT=str(TIMEOUT - 10), OMP_NUM_THREADS="1")
-    return subprocess.run(
-        [mpiexec(), "-n", str(n), sys.executable, *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT,
-    )
+def launch(n: int, *args: str, check: bool = True):
+    return run_mpi(n, *args, env=ENV, check=check)
 
 
 def test_equivalence_at_four_ranks():
     """The tests/mpi body at R = 4 (make test covers 1, 2, 3); 4 ranks on 2 cores is fine."""
     test_file = str(ROOT / "tests" / "mpi" / "test_sync_sgd.py")
-    out = launch(4, "-m", "mpi4py", "-m", "pytest", "--with-mpi", "-x", "-q", "-p", "no:cacheprovider", test_file)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    launch(4, "-m", "mpi4py", "-m", "pytest", "--with-mpi", "-x", "-q", "-p", "no:cacheprovider", test_file)
 
 
 def test_demo_trains_and_writes_metrics(tmp_path):
     metrics, timeline, ckpt = tmp_path / "m.json", tmp_path / "t.json", tmp_path / "c.pt"
     out = launch(
-        2, str(SCRIPT), "--epochs", "3", "--no-progress",
+        2, SCRIPT, "--epochs", "3", "--no-progress",
         "--metrics-json", str(metrics), "--timeline", str(timeline), "--checkpoint", str(ckpt),
     )  # fmt: skip
-    assert out.returncode == 0, out.stderr[-3000:]
     assert "effective batch 64" in out.stdout
     m = json.loads(metrics.read_text())
     losses = [e["loss"] for e in m["epochs"]]
@@ -85,7 +60,7 @@ def bad_inputs(tmp_path):
 
 def test_bad_input_one_message_exit_2_every_rank(tmp_path):
     for case, (args, message) in bad_inputs(tmp_path).items():
-        out = launch(2, str(SCRIPT), *args)
+        out = launch(2, SCRIPT, *args, check=False)
         # hydra returns the worst exit status of the ranks: 2 means no rank crashed or hung
         assert out.returncode == 2, (case, out.returncode, out.stderr[-2000:])
         assert out.stderr.count(message) == 1, (case, out.stderr)  # from the root rank only
