@@ -90,6 +90,8 @@ class NaiveAllReduce(GradSync):
     def wait(self) -> None:
         t0 = time.perf_counter()
         for p in self.params:
+            if p.grad is None:  # unused this step; every rank must still make the same calls
+                p.grad = torch.zeros_like(p)
             self.comm.allreduce(p.grad, "avg")
         t1 = time.perf_counter()
         self.seconds += t1 - t0
