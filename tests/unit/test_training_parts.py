@@ -177,3 +177,19 @@ def test_world_of_one_is_plain_sgd(strategy):
     sync.wait()
     for p, q in zip(model.parameters(), ref.parameters(), strict=True):
         assert torch.equal(p.grad, q.grad)
+
+
+@pytest.mark.parametrize("strategy", gradsync.STRATEGIES)
+def test_a_parameter_without_gradient_is_reduced_as_zeros(strategy):
+    # Every rank must make the same collective calls even when part of the model sat idle.
+    model = torch.nn.ModuleDict({"used": torch.nn.Linear(4, 2), "idle": torch.nn.Linear(4, 2)})
+    sync = gradsync.make(strategy, model, RecordingComm() if strategy == "bucketed" else LocalComm(), 1e-5)
+    if strategy == "bucketed":
+        sync.comm.phase = "backward"
+    sync.zero_grad()
+    with sync.accumulate():
+        model["used"](torch.randn(3, 4)).sum().backward()
+    sync.wait()
+    assert all(torch.equal(p.grad, torch.zeros_like(p)) for p in model["idle"].parameters())
+    if strategy == "bucketed":
+        assert len(sync.comm.started) == len(sync.buckets)  # the idle buckets were reduced too
