@@ -20,6 +20,8 @@ and the ratios to DDP and to ``local``.
 
 from __future__ import annotations
 
+import argparse
+
 import torch
 from torch.nn import functional as F
 
@@ -144,7 +146,10 @@ def main(comm, args) -> int:
 def add_parser(kinds) -> None:
     """``mpi-sgd bench sgd``: register on the ``bench`` command's sub-parsers."""
     p = kinds.add_parser(
-        "sgd", help="training step time: naive/flat/bucketed vs DDP-gloo vs no communication", description=__doc__
+        "sgd",
+        help="training step time: naive/flat/bucketed vs DDP-gloo vs no communication",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument(
         "--models",
