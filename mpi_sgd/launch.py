@@ -17,6 +17,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 
+def env_flag(name: str, environ: Mapping[str, str] | None = None) -> bool:
+    """A yes/no switch from the environment: unset, '', 0, false, no and off mean no."""
+    value = (os.environ if environ is None else environ).get(name, "")
+    return value.strip().lower() not in ("", "0", "false", "no", "off")
+
+
 @dataclass(frozen=True)
 class Placement:
     rank: int

@@ -13,10 +13,9 @@ validation costs nothing on the calls that succeed.
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 
+from ..launch import env_flag
 from .base import CommError
 
 try:  # torch is a dependency, but keep the MPI layer importable without it
@@ -31,7 +30,7 @@ def cuda_aware_declared() -> bool:
     mpi4py has no portable query for CUDA support (MPICH and Open MPI each ship their own
     extension), so CUDA tensors go to MPI only when the user says the library handles them.
     """
-    return os.environ.get("MPI_SGD_CUDA_AWARE", "0") not in ("", "0", "false", "no")
+    return env_flag("MPI_SGD_CUDA_AWARE")
 
 
 def diagnose(buf) -> CommError:

@@ -7,12 +7,12 @@ all-reduce here costs what ``comm.Allreduce(MPI.IN_PLACE, array)`` costs plus th
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 
 import numpy as np
 from mpi4py import MPI
 
+from ..launch import env_flag
 from .base import CollectiveMismatchError, Communicator, Request, check_op, split_counts
 from .buffers import as_array, signature
 
@@ -35,10 +35,6 @@ def _test(handle) -> bool:
     return handle.Test()
 
 
-def debug_enabled() -> bool:
-    return os.environ.get("MPI_SGD_DEBUG", "0") not in ("", "0", "false", "no")
-
-
 class MPIComm(Communicator):
     """A :class:`Communicator` over an ``mpi4py.MPI.Comm`` (``COMM_WORLD`` unless given one).
 
@@ -59,7 +55,7 @@ class MPIComm(Communicator):
         node = self.comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
         self.local_rank, self.local_size = node.Get_rank(), node.Get_size()
         node.Free()
-        if debug_enabled() if debug is None else debug:
+        if env_flag("MPI_SGD_DEBUG") if debug is None else debug:
             _install_checks(self)
 
     def wtime(self) -> float:

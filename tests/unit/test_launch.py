@@ -46,3 +46,11 @@ def test_mpi_launcher_wins_over_enclosing_slurm_step():
     # mpiexec inside an sbatch script: the batch step's SLURM_PROCID=0 is on every rank.
     env = {"SLURM_PROCID": "0", "SLURM_NTASKS": "1", "PMI_RANK": "2", "PMI_SIZE": "4"}
     assert placement(env).rank == 2 and placement(env).launcher == "hydra"
+
+
+@pytest.mark.parametrize("value, on", [("1", True), ("yes", True), ("0", False), ("", False), ("off", False)])
+def test_env_flag(value, on):
+    from mpi_sgd.launch import env_flag
+
+    assert env_flag("X", {"X": value}) is on
+    assert env_flag("X", {}) is False
