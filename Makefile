@@ -56,7 +56,7 @@ $(STAMP): pyproject.toml Makefile
 	touch $@
 
 demo: venv
-	$(MPIEXEC) -n $(NP) $(PY) examples/04_ring_allreduce.py
+	$(MPIEXEC) -n $(NP) $(PY) examples/sync_sgd.py
 
 test: test-unit test-mpi test-integration
 
@@ -82,6 +82,11 @@ examples: venv
 
 bench: venv
 	$(MPIEXEC) -n $(NP) $(BIN)/mpi-sgd bench allreduce
+
+# Training step time: naive/flat/bucketed vs torch DDP (gloo) vs no communication, one run.
+.PHONY: bench-sgd
+bench-sgd: venv
+	$(MPIEXEC) -n $(NP) $(BIN)/mpi-sgd bench sgd
 
 lint: venv
 	$(BIN)/ruff check mpi_sgd examples tests

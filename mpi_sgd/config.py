@@ -1,0 +1,101 @@
+"""The training configuration: one frozen dataclass, checked on construction, exposed as flags.
+
+Every rank parses the same command line and builds the same :class:`TrainConfig`, so a bad value
+fails identically everywhere *before* MPI starts; reported through :class:`mpi_sgd.args.ArgumentParser`,
+the root prints one message, every rank exits with status 2, and no rank waits in a collective.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import MISSING, dataclass, field, fields
+
+from .comm import BACKENDS
+from .data import BUILTIN
+from .gradsync import STRATEGIES
+from .models import MODELS
+
+OPTIMIZERS = ("sgd", "adam")
+DTYPES = ("float32", "float64")
+
+
+def _flag(default, help: str, type=None):
+    return field(default=default, metadata={"help": help, "type": type})
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    model: str = _flag("simplenet", f"model to train: {', '.join(MODELS)}")
+    dataset: str = _flag("digits", f"built-in dataset ({', '.join(BUILTIN)}) or a .npz/.pt file with arrays x, y")
+    epochs: int = _flag(8, "passes over the dataset")
+    batch_size: int = _flag(32, "samples per rank per step, B; the effective batch is R*B")
+    grad_accum: int = _flag(1, "micro-batches per step (must divide --batch-size); one gradient sync per step")
+    lr: float = _flag(0.05, "learning rate")
+    momentum: float = _flag(0.9, "SGD momentum (ignored by adam)")
+    optimizer: str = _flag("sgd", f"optimizer: {', '.join(OPTIMIZERS)}")
+    strategy: str = _flag("bucketed", f"gradient averaging: {', '.join(STRATEGIES)}")
+    bucket_mb: float = _flag(1.0, "bucket size in MB for --strategy bucketed")
+    seed: int = _flag(0, "seed for model initialisation, data order and synthetic data")
+    device: str = _flag("cpu", "torch device, e.g. cpu or cuda")
+    backend: str = _flag("mpi4py", f"communicator: {', '.join(BACKENDS)}")
+    dtype: str = _flag("float32", f"parameter and data dtype: {', '.join(DTYPES)}")
+    max_steps: int = _flag(0, "stop after this many optimizer steps in total (0: run all epochs)")
+    checkpoint: str | None = _flag(
+        None, "write a checkpoint here (root rank, atomically) after each epoch and at the end", str
+    )
+    resume: str | None = _flag(None, "resume from this checkpoint (model, optimizer, step, RNG state)", str)
+    metrics_json: str | None = _flag(None, "write loss, accuracy and per-step t_comp/t_sync here as JSON", str)
+    timeline: str | None = _flag(
+        None, "write a Chrome trace of every rank's forward, backward, allreduce, optimizer here", str
+    )
+    progress: bool = _flag(True, "show a progress bar on the root rank")
+
+    def __post_init__(self):
+        def check(ok: bool, message: str):
+            if not ok:
+                raise ValueError(message)
+
+        check(self.model in MODELS, f"unknown model {self.model!r}; choose one of {', '.join(MODELS)}")
+        check(
+            self.dataset in BUILTIN or self.dataset.endswith((".npz", ".pt")),
+            f"unknown dataset {self.dataset!r}; choose one of {', '.join(BUILTIN)} or give a .npz/.pt file",
+        )
+        check(
+            self.strategy in STRATEGIES,
+            f"unknown strategy {self.strategy!r}; choose one of {', '.join(STRATEGIES)}",
+        )
+        check(
+            self.optimizer in OPTIMIZERS,
+            f"unknown optimizer {self.optimizer!r}; choose one of {', '.join(OPTIMIZERS)}",
+        )
+        check(self.backend in BACKENDS, f"unknown backend {self.backend!r}; choose one of {', '.join(BACKENDS)}")
+        check(self.dtype in DTYPES, f"unknown dtype {self.dtype!r}; choose one of {', '.join(DTYPES)}")
+        check(self.epochs >= 1, f"--epochs must be at least 1, got {self.epochs}")
+        check(self.batch_size >= 1, f"--batch-size must be at least 1, got {self.batch_size}")
+        check(
+            self.grad_accum >= 1 and self.batch_size % self.grad_accum == 0,
+            f"--grad-accum must divide --batch-size ({self.batch_size}), got {self.grad_accum}",
+        )
+        check(self.lr > 0, f"--lr must be positive, got {self.lr}")
+        check(0 <= self.momentum < 1, f"--momentum must be in [0, 1), got {self.momentum}")
+        check(self.bucket_mb > 0, f"--bucket-mb must be positive, got {self.bucket_mb}")
+        check(self.resume is None or os.path.isfile(self.resume), f"checkpoint {self.resume!r} does not exist")
+        check(self.max_steps >= 0, f"--max-steps must be 0 or more, got {self.max_steps}")
+
+    @classmethod
+    def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
+        """One ``--flag`` per field, with the field's help and default."""
+        for f in fields(cls):
+            flag = "--" + f.name.replace("_", "-")
+            default = None if f.default is MISSING else f.default
+            help = f"{f.metadata['help']} (default: {default})"
+            if isinstance(default, bool):
+                parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default, help=help)
+            else:
+                kind = f.metadata["type"] or type(default)
+                parser.add_argument(flag, type=kind, default=default, help=help, metavar=f.name.upper())
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> TrainConfig:
+        return cls(**{f.name: getattr(args, f.name) for f in fields(cls)})

@@ -1,0 +1,165 @@
+"""Datasets every rank can build on its own, and the partitioner that hands each rank its share.
+
+A dataset here is two tensors held in memory, ``x`` (N samples of any shape) and ``y`` (class
+indices for classification, floats of shape ``(N, 1)`` for regression). Each rank builds the
+whole dataset itself: the synthetic ones from the seed alone, the real ones from a file every
+host can read. Only sample *indices* are ever split, so no data travels over MPI.
+
+Partitioning (:func:`global_batches`): every epoch, a permutation of ``range(N)`` seeded by
+``(seed, epoch)`` (the same on every rank, different each epoch) is cut into ``N // (R*B)``
+global batches of ``R*B`` indices; rank ``r`` takes positions ``[r*B, (r+1)*B)`` of each. All
+ranks therefore take the same number of equal steps and stay in lockstep. The ``N mod (R*B)``
+indices at the end of the permutation are left out of that epoch; since the permutation changes
+every epoch, a different handful is left out each time and none is lost for good.
+
+The same cut at ``(R, B)`` and at ``(1, R*B)`` yields the same global batches, which is what
+makes synchronous SGD on R ranks comparable sample for sample with one process at batch R*B.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+BUILTIN = ("digits", "blobs", "toy")
+
+
+@dataclass(frozen=True)
+class Dataset:
+    x: torch.Tensor
+    y: torch.Tensor
+    name: str
+
+    @property
+    def classification(self) -> bool:
+        return not self.y.dtype.is_floating_point
+
+    @property
+    def num_outputs(self) -> int:
+        return int(self.y.max()) + 1 if self.classification else self.y.shape[1]
+
+    def __len__(self) -> int:
+        return self.x.shape[0]
+
+    def to(self, dtype: torch.dtype, device: torch.device | str = "cpu") -> Dataset:
+        """Features (and regression targets) in ``dtype``; class indices stay integers."""
+        y = self.y.to(device) if self.classification else self.y.to(device, dtype)
+        return Dataset(self.x.to(device, dtype), y, self.name)
+
+
+def toy_regression(num_samples: int = 4096, input_size: int = 100, seed: int = 0) -> Dataset:
+    """Regression onto a fixed random two-layer teacher plus noise: ``y = w2 . tanh(W1 x) + 0.1 e``.
+
+    Seed 000's toy data was pure noise (nothing to learn); a teacher gives the loss somewhere to
+    fall. Everything is drawn from a generator seeded by ``seed``, so the set is a function of
+    ``(seed, num_samples, input_size)`` alone and each rank makes the same one without any message.
+    """
+    g = torch.Generator().manual_seed(seed)
+    w1 = torch.randn(input_size, 32, generator=g) / input_size**0.5  # the teacher first: the same
+    w2 = torch.randn(32, 1, generator=g)  # function whatever num_samples is
+    x = torch.randn(num_samples, input_size, generator=g)
+    y = torch.tanh(x @ w1) @ w2 + 0.1 * torch.randn(num_samples, 1, generator=g)
+    return Dataset(x, y, "toy")
+
+
+def blobs(num_samples: int = 4096, input_size: int = 784, num_classes: int = 10, seed: int = 0) -> Dataset:
+    """Synthetic classification: Gaussian clouds of unit variance around random class centres."""
+    g = torch.Generator().manual_seed(seed)
+    centres = torch.randn(num_classes, input_size, generator=g) * (4.0 / input_size**0.5)
+    y = torch.randint(num_classes, (num_samples,), generator=g)
+    x = centres[y] + torch.randn(num_samples, input_size, generator=g) * 0.5
+    return Dataset(x, y, "blobs")
+
+
+def digits() -> Dataset:
+    """scikit-learn's 1,797 handwritten 8x8 digits (UCI), scaled to [0, 1]; ships inside the wheel."""
+    from sklearn.datasets import load_digits
+
+    bunch = load_digits()
+    x = torch.from_numpy(bunch.images.astype(np.float32) / 16.0).unsqueeze(1)  # (N, 1, 8, 8)
+    return Dataset(x, torch.from_numpy(bunch.target.astype(np.int64)), "digits")
+
+
+def from_file(path: str) -> Dataset:
+    """A user's ``.npz`` (numpy) or ``.pt`` (a dict saved by torch) file holding arrays ``x`` and ``y``.
+
+    Integer ``y`` means classification, floating ``y`` regression. ``.pt`` files are read with
+    ``weights_only=True``: tensors and plain containers only, never arbitrary pickled code.
+    """
+    if not os.path.isfile(path):
+        raise ValueError(f"data file {path!r} does not exist")
+    try:
+        if path.endswith(".npz"):
+            with np.load(path, allow_pickle=False) as f:
+                arrays = {k: torch.from_numpy(f[k]) for k in ("x", "y") if k in f.files}
+        elif path.endswith(".pt"):
+            obj = torch.load(path, weights_only=True)
+            arrays = {k: torch.as_tensor(obj[k]) for k in ("x", "y") if k in obj} if isinstance(obj, dict) else {}
+        else:
+            raise ValueError(f"data file {path!r} must end in .npz or .pt")
+    except (OSError, ValueError, RuntimeError) as e:
+        if "must end in" in str(e):
+            raise
+        raise ValueError(f"cannot read data file {path!r}: {e}") from None
+    missing = [k for k in ("x", "y") if k not in arrays]
+    if missing:
+        raise ValueError(f"data file {path!r} has no array named {' or '.join(missing)}; it needs 'x' and 'y'")
+    x, y = arrays["x"], arrays["y"]
+    if x.shape[0] != y.shape[0]:
+        raise ValueError(f"data file {path!r}: x has {x.shape[0]} samples but y has {y.shape[0]}")
+    if y.dtype.is_floating_point:
+        y = y.reshape(len(y), -1).float()
+    else:
+        y = y.long().reshape(-1)
+    return Dataset(x.float(), y, os.path.basename(path))
+
+
+def load(name: str, seed: int = 0) -> Dataset:
+    """A built-in dataset by name, or a file by path (anything with a ``.npz``/``.pt`` suffix)."""
+    if name == "digits":
+        try:
+            return digits()
+        except ImportError:
+            from .launch import placement
+
+            # Only the demo's default depends on it; say plainly (once) what is used instead.
+            if placement().rank == 0:
+                print(
+                    "scikit-learn is not installed (pip install 'mpi-sgd[digits]'); using the synthetic "
+                    "'blobs' dataset in place of 'digits'"
+                )
+            return blobs(1797, 64, 10, seed)
+    if name == "blobs":
+        return blobs(seed=seed)
+    if name == "toy":
+        return toy_regression(seed=seed)
+    if name.endswith((".npz", ".pt")):
+        return from_file(name)
+    raise ValueError(f"unknown dataset {name!r}; choose one of {', '.join(BUILTIN)} or give a .npz/.pt path")
+
+
+def check_size(n: int, world_size: int, batch_size: int) -> int:
+    """Steps per epoch, ``N // (R*B)``; raises if the dataset cannot fill a single global batch."""
+    need = world_size * batch_size
+    if n < need:
+        raise ValueError(
+            f"the dataset has {n} samples but one step needs R*B = {world_size}*{batch_size} "
+            f"= {need}; use a smaller --batch-size or fewer ranks"
+        )
+    return n // need
+
+
+def global_batches(n: int, world_size: int, batch_size: int, epoch: int, seed: int) -> torch.Tensor:
+    """Indices of shape ``(steps, R, B)``: step ``s`` of this epoch gives rank ``r`` row ``[s, r]``."""
+    steps = check_size(n, world_size, batch_size)
+    g = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+    perm = torch.randperm(n, generator=g)
+    return perm[: steps * world_size * batch_size].view(steps, world_size, batch_size)
+
+
+def rank_batches(n: int, rank: int, world_size: int, batch_size: int, epoch: int, seed: int) -> torch.Tensor:
+    """This rank's share of the epoch: ``(steps, B)`` sample indices."""
+    return global_batches(n, world_size, batch_size, epoch, seed)[:, rank]

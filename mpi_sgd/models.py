@@ -1,0 +1,102 @@
+"""The models the examples, tests and benchmarks train.
+
+* :class:`FFNet`: a fully connected net whose depth and width are knobs, the model used to show
+  how training time grows with model size (one hidden layer in, ``num_hl`` more, one out).
+* :class:`MLP`: a plain multilayer perceptron given by its layer widths; ``784-1024-1024-10`` is
+  the benchmark model (1.86 M parameters, 7.5 MB of float32 gradients per step).
+* :class:`SimpleNet`: ``784-256-256-10`` with dropout 0.2 after each hidden layer.
+* :class:`LeNet`: two convolutions and three linear layers in the shape of LeCun et al. (1998),
+  shrunk to fit the 8x8 digits (padding keeps the feature maps from vanishing).
+
+Every model flattens its input itself, so one dataset tensor of shape ``(N, 1, 8, 8)`` feeds
+any of them. :func:`build_model` makes one by name for a dataset's input shape.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+
+class FFNet(nn.Module):
+    """``input_size -> hl_size -> (num_hl x hl_size) -> num_outputs`` with ReLU in between."""
+
+    def __init__(self, input_size: int = 100, num_hl: int = 0, hl_size: int = 10, num_outputs: int = 1):
+        super().__init__()
+        self.fc_in = nn.Linear(input_size, hl_size)
+        self.hidden = nn.ModuleList(nn.Linear(hl_size, hl_size) for _ in range(num_hl))
+        self.fc_out = nn.Linear(hl_size, num_outputs)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        z = F.relu(self.fc_in(x.flatten(1)))
+        for layer in self.hidden:
+            z = F.relu(layer(z))
+        return self.fc_out(z)
+
+
+class MLP(nn.Module):
+    """Linear layers of the given widths, ReLU between them, optional dropout after each hidden one."""
+
+    def __init__(self, sizes: tuple[int, ...] = (784, 1024, 1024, 10), dropout: float = 0.0):
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(a, b) for a, b in zip(sizes[:-1], sizes[1:], strict=True))
+        self.dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        z = x.flatten(1)
+        for layer in self.layers[:-1]:
+            z = self.dropout(F.relu(layer(z)))
+        return self.layers[-1](z)
+
+
+class SimpleNet(MLP):
+    """``input_dim -> 256 -> 256 -> num_classes``, dropout 0.2 after each hidden layer."""
+
+    def __init__(self, input_dim: int = 784, hidden_dim: int = 256, num_classes: int = 10):
+        super().__init__((input_dim, hidden_dim, hidden_dim, num_classes), dropout=0.2)
+
+
+class LeNet(nn.Module):
+    """conv(6) -> pool -> conv(16) -> pool -> 120 -> 84 -> classes, for square one-channel images."""
+
+    def __init__(self, side: int = 8, num_classes: int = 10):
+        super().__init__()
+        self.side = side
+        self.conv1 = nn.Conv2d(1, 6, kernel_size=3, padding=1)
+        self.conv2 = nn.Conv2d(6, 16, kernel_size=3, padding=1)
+        pooled = side // 4  # two 2x2 poolings
+        self.fc1 = nn.Linear(16 * pooled * pooled, 120)
+        self.fc2 = nn.Linear(120, 84)
+        self.fc3 = nn.Linear(84, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        z = x.reshape(-1, 1, self.side, self.side)
+        z = F.max_pool2d(F.relu(self.conv1(z)), 2)
+        z = F.max_pool2d(F.relu(self.conv2(z)), 2)
+        z = F.relu(self.fc1(z.flatten(1)))
+        return self.fc3(F.relu(self.fc2(z)))
+
+
+MODELS = ("ffnet", "mlp", "simplenet", "lenet")
+
+
+def build_model(name: str, input_shape: tuple[int, ...], num_outputs: int) -> nn.Module:
+    """The model ``name`` for inputs of ``input_shape`` (one sample) and ``num_outputs`` outputs."""
+    features = math.prod(input_shape)
+    if name == "ffnet":
+        return FFNet(features, num_hl=2, hl_size=64, num_outputs=num_outputs)
+    if name == "mlp":
+        return MLP((features, 1024, 1024, num_outputs))
+    if name == "simplenet":
+        return SimpleNet(features, num_classes=num_outputs)
+    if name == "lenet":
+        side = math.isqrt(features)
+        if side * side != features or side < 4:
+            raise ValueError(
+                f"lenet needs square one-channel images of side >= 4; inputs here have {features} features"
+            )
+        return LeNet(side, num_outputs)
+    raise ValueError(f"unknown model {name!r}; choose one of {', '.join(MODELS)}")

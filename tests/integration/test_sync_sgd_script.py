@@ -1,0 +1,67 @@
+"""examples/sync_sgd.py and the MPI tests, launched the way users launch them: under mpiexec.
+
+They start their own jobs through ``conftest.run_mpi`` (which skips them inside an MPI job and
+puts a timeout on every launch, so a hang fails the test instead of stalling the suite).
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from .conftest import EXAMPLES, ROOT, run_mpi
+
+SCRIPT = str(EXAMPLES / "sync_sgd.py")
+# One thread per rank whatever the host: two or four ranks share two cores in CI.
+ENV = {"OMP_NUM_THREADS": "1"}
+
+
+def launch(n: int, *args: str, check: bool = True):
+    return run_mpi(n, *args, env=ENV, check=check)
+
+
+def test_equivalence_at_four_ranks():
+    """The tests/mpi body at R = 4 (make test covers 1, 2, 3); 4 ranks on 2 cores is fine."""
+    test_file = str(ROOT / "tests" / "mpi" / "test_sync_sgd.py")
+    launch(4, "-m", "mpi4py", "-m", "pytest", "--with-mpi", "-x", "-q", "-p", "no:cacheprovider", test_file)
+
+
+def test_demo_trains_and_writes_metrics(tmp_path):
+    metrics, timeline, ckpt = tmp_path / "m.json", tmp_path / "t.json", tmp_path / "c.pt"
+    out = launch(
+        2, SCRIPT, "--epochs", "3", "--no-progress",
+        "--metrics-json", str(metrics), "--timeline", str(timeline), "--checkpoint", str(ckpt),
+    )  # fmt: skip
+    assert "effective batch 64" in out.stdout
+    m = json.loads(metrics.read_text())
+    losses = [e["loss"] for e in m["epochs"]]
+    assert losses[-1] < 0.7 * losses[0], losses  # it learns
+    assert len(m["t_comp"]) == 2 and len(m["t_comp"][0]) == m["steps"] == len(m["t_sync"][1])
+    events = json.loads(timeline.read_text())["traceEvents"]
+    assert {"forward", "backward", "optimizer", "allreduce[0]"} <= {e["name"] for e in events}
+    assert {e["tid"] for e in events} == {0, 1}
+    assert ckpt.exists()
+
+
+def bad_inputs(tmp_path):
+    np.savez(tmp_path / "nox.npz", y=np.zeros(4))
+    np.savez(tmp_path / "tiny.npz", x=np.zeros((10, 4), np.float32), y=np.zeros(10, np.int64))
+    return {
+        "batch size 0": (["--batch-size", "0"], "--batch-size must be at least 1"),
+        "negative lr": (["--lr", "-1"], "--lr must be positive"),
+        "unknown model": (["--model", "resnet"], "unknown model 'resnet'"),
+        "unknown strategy": (["--strategy", "ring"], "unknown strategy 'ring'"),
+        "missing file": (["--dataset", str(tmp_path / "missing.npz")], "does not exist"),
+        "no x": (["--dataset", str(tmp_path / "nox.npz")], "no array named x"),
+        "smaller than R*B": (["--dataset", str(tmp_path / "tiny.npz"), "--batch-size", "8"], "R*B = 2*8 = 16"),
+    }
+
+
+def test_bad_input_one_message_exit_2_every_rank(tmp_path):
+    for case, (args, message) in bad_inputs(tmp_path).items():
+        out = launch(2, SCRIPT, *args, check=False)
+        # hydra returns the worst exit status of the ranks: 2 means no rank crashed or hung
+        assert out.returncode == 2, (case, out.returncode, out.stderr[-2000:])
+        assert out.stderr.count(message) == 1, (case, out.stderr)  # from the root rank only
+        assert "Traceback" not in out.stderr, case

@@ -1,0 +1,178 @@
+"""Synchronous SGD on R ranks equals one process at batch R*B, at whatever size this runs at.
+
+Run as ``mpiexec -n R python -m mpi4py -m pytest --with-mpi tests/mpi`` (R = 1, 2, 3 in
+``make test``; R = 4 from tests/integration). Each rank also trains the single-process reference
+itself, with plain torch and no communication, on the R*B samples of every global batch.
+
+Tolerance, in float64: the two runs differ only in the order of additions. The reference takes
+the mean over R*B per-sample losses at once; the ranks take R means over B and average them,
+and the all-reduce may associate the R terms in any order. Each reordering changes a gradient by
+a few ulps (float64 eps = 2.2e-16), and K = 6 steps of SGD/Adam at these small learning rates
+carry that forward without blowing it up: measured, they agree to 1 ulp (2.2e-16). We allow
+1e-12: four orders of margin above that, and nine below what a real mistake (a missing
+division by R, a wrong or duplicated sample, one unsynchronised tensor) produces, which is a
+difference of order lr * |g| ~ 1e-3 after the first step.
+
+The model here has no dropout: with dropout, R ranks draw other masks than one process does, so
+the runs are equal in distribution but not sample for sample. The resume test covers dropout.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+
+import pytest
+import torch
+
+from mpi_sgd import comm as mpicomm
+from mpi_sgd import data, gradsync
+from mpi_sgd.config import TrainConfig
+from mpi_sgd.models import build_model
+from mpi_sgd.trainer import Trainer, make_optimizer
+
+pytestmark = pytest.mark.mpi
+
+RTOL = ATOL = 1e-12
+STEPS = 6
+B = 8
+
+
+@pytest.fixture(scope="module")
+def comm():
+    return mpicomm.init("mpi4py", abort_on_error=False)
+
+
+def config(**kw) -> TrainConfig:
+    base = dict(
+        model="ffnet",
+        dataset="toy",
+        batch_size=B,
+        lr=0.05,
+        momentum=0.9,
+        dtype="float64",
+        max_steps=STEPS,
+        epochs=100,
+        progress=False,
+        bucket_mb=0.02,
+        seed=3,
+    )
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+def regression_set(comm) -> data.Dataset:
+    # 3 global batches per epoch at any R, so the 6 steps cross an epoch boundary (a reshuffle)
+    return data.toy_regression(num_samples=3 * comm.size * B + 5, input_size=12, seed=1).to(torch.float64)
+
+
+def flat_params(model) -> torch.Tensor:
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+
+
+def distributed(comm, cfg: TrainConfig, ds: data.Dataset, checkpoint_to: str | None = None) -> Trainer:
+    torch.manual_seed(cfg.seed)
+    model = build_model(cfg.model, tuple(ds.x.shape[1:]), ds.num_outputs).double()
+    gradsync.broadcast_parameters(model, comm)
+    torch.manual_seed(cfg.seed + comm.rank)
+    sync = gradsync.make(cfg.strategy, model, comm, cfg.bucket_mb)
+    return Trainer(model, make_optimizer(cfg, model), sync, ds, comm, cfg)
+
+
+def reference(world_size: int, cfg: TrainConfig, ds: data.Dataset) -> torch.Tensor:
+    """One process, batch R*B, the same samples, plain torch: no communicator, no strategy."""
+    torch.manual_seed(cfg.seed)
+    model = build_model(cfg.model, tuple(ds.x.shape[1:]), ds.num_outputs).double()
+    if cfg.optimizer == "adam":
+        opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
+    else:
+        opt = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum)
+    step, epoch = 0, 0
+    while step < cfg.max_steps:
+        for idx in data.global_batches(len(ds), world_size, cfg.batch_size, epoch, cfg.seed):
+            idx = idx.reshape(-1)  # all R*B samples of this global batch
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(model(ds.x[idx]), ds.y[idx]).backward()
+            opt.step()
+            step += 1
+            if step == cfg.max_steps:
+                break
+        epoch += 1
+    return flat_params(model)
+
+
+def assert_same_on_every_rank(comm, t: torch.Tensor) -> None:
+    everyone = torch.zeros(comm.size, t.numel(), dtype=t.dtype)
+    comm.allgather(t.contiguous(), everyone)
+    for r in range(comm.size):
+        # Every rank applies the same update to the same averaged gradient: bit-identical.
+        assert torch.equal(everyone[r], everyone[0]), f"rank {r} drifted from rank 0"
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+@pytest.mark.parametrize("strategy", gradsync.STRATEGIES)
+def test_equals_one_process_at_batch_RB(comm, strategy, optimizer):
+    cfg = config(strategy=strategy, optimizer=optimizer, lr=0.01 if optimizer == "adam" else 0.05)
+    ds = regression_set(comm)
+    trainer = distributed(comm, cfg, ds)
+    trainer.train()
+    got = flat_params(trainer.model)
+    want = reference(comm.size, cfg, ds)
+    torch.testing.assert_close(got, want, rtol=RTOL, atol=ATOL)
+    assert_same_on_every_rank(comm, got)
+
+
+@pytest.mark.parametrize("strategy", gradsync.STRATEGIES)
+def test_gradient_accumulation_is_one_step_of_the_whole_batch(comm, strategy):
+    cfg = config(strategy=strategy, grad_accum=4)
+    ds = regression_set(comm)
+    trainer = distributed(comm, cfg, ds)
+    trainer.train()
+    torch.testing.assert_close(flat_params(trainer.model), reference(comm.size, cfg, ds), rtol=RTOL, atol=ATOL)
+
+
+def test_strategies_agree_with_each_other(comm):
+    ds = regression_set(comm)
+    results = []
+    for strategy in gradsync.STRATEGIES:
+        trainer = distributed(comm, config(strategy=strategy), ds)
+        trainer.train()
+        results.append(flat_params(trainer.model))
+    for other in results[1:]:
+        torch.testing.assert_close(other, results[0], rtol=RTOL, atol=ATOL)
+
+
+def test_resume_is_bit_exact(comm):
+    # Dropout (per-rank RNG streams), Adam state and a stop in the middle of an epoch: everything
+    # a resume has to restore.
+    ds = data.blobs(num_samples=3 * comm.size * B + 3, input_size=16, num_classes=4, seed=2).to(torch.float64)
+    # One directory, made by the root: pytest's tmp_path is per process and its clean-up races
+    # between ranks sharing /tmp.
+    folder = comm.bcast_obj(tempfile.mkdtemp(prefix="mpi-sgd-resume-") if comm.is_root else None)
+    path = os.path.join(folder, "ckpt.pt")
+    cfg = config(model="simplenet", optimizer="adam", lr=0.01, max_steps=8)
+    whole = distributed(comm, cfg, ds)
+    whole.train()
+
+    first = distributed(comm, config(model="simplenet", optimizer="adam", lr=0.01, max_steps=4, checkpoint=path), ds)
+    first.train()
+    second = distributed(comm, cfg, ds)
+    second.load_checkpoint(path)
+    assert (second.step, second.epoch, second.step_in_epoch) == (4, 1, 1)
+    second.train()
+    assert torch.equal(flat_params(second.model), flat_params(whole.model))
+    assert_same_on_every_rank(comm, flat_params(whole.model))
+    comm.barrier()
+    if comm.is_root:
+        shutil.rmtree(folder)
+
+
+def test_metrics_split_step_time(comm):
+    trainer = distributed(comm, config(), regression_set(comm))
+    metrics = trainer.train()
+    assert len(trainer.t_comp) == len(trainer.t_sync) == STEPS
+    assert all(t > 0 for t in trainer.t_comp) and all(t >= 0 for t in trainer.t_sync)
+    if comm.is_root:
+        assert len(metrics["t_comp"]) == comm.size and len(metrics["t_comp"][0]) == STEPS
+        assert metrics["effective_batch"] == comm.size * B
