@@ -38,6 +38,8 @@ import time
 import torch
 from torch import nn
 
+from .comm.buffers import zeros as comm_zeros
+
 STRATEGIES = ("naive", "flat", "bucketed")
 
 
@@ -148,7 +150,7 @@ def _make_buckets(params: list[nn.Parameter], bucket_bytes: float) -> list[_Buck
         if len(group) == 1:
             buckets.append(_Bucket(None, group, f"allreduce[{len(buckets)}]"))
             continue
-        buffer = torch.zeros(sum(p.numel() for p in group), dtype=group[0].dtype, device=group[0].device)
+        buffer = comm_zeros(sum(p.numel() for p in group), group[0].dtype, group[0].device)
         offset = 0
         for p in group:
             view = buffer[offset : offset + p.numel()].view_as(p)

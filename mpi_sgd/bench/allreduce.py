@@ -3,7 +3,9 @@
 For each power-of-two message size it times, interleaved in one run (see :mod:`.timing`):
 
 * ``raw``  ``MPI.Comm.Allreduce(IN_PLACE, ndarray)``: the floor any Python wrapper stands on;
-* ``seam`` ``comm.allreduce(tensor)`` on a torch tensor: what the trainer calls;
+* ``seam`` ``comm.allreduce(tensor)`` on a torch tensor from :func:`mpi_sgd.comm.buffers.zeros`,
+  as the trainer's gradient buffers are (``seam-torchalloc``: on torch's own allocator, which
+  gets no huge pages; see that function for why that costs 10-35% on large messages);
 * ``ring`` :func:`mpi_sgd.collectives.ring_allreduce`, the teaching ring over send/recv;
 * ``gloo`` ``torch.distributed.all_reduce`` with gloo (and ``nccl`` on GPUs when present).
 
@@ -21,10 +23,11 @@ import torch
 
 from ..collectives import ring_allreduce
 from ..comm import Communicator
+from ..comm.buffers import zeros
 from .report import human_bytes, markdown_table, new_figure, write_json
 from .timing import osu_iterations, time_interleaved
 
-IMPLS = ("raw", "seam", "ring", "gloo", "nccl")
+IMPLS = ("raw", "seam", "seam-torchalloc", "ring", "gloo", "nccl")
 
 
 def sizes(min_bytes: int, max_bytes: int) -> list[int]:
@@ -52,14 +55,17 @@ def _calls(comm, peers: dict[str, Communicator], impls, nbytes: int):
             arr, mpi = np.zeros(n, np.float32), comm.comm
             calls[name] = lambda arr=arr, mpi=mpi: mpi.Allreduce(MPI.IN_PLACE, arr)
         elif name == "seam":
+            t = zeros(n)
+            calls[name] = lambda t=t: comm.allreduce(t)
+        elif name == "seam-torchalloc":  # the same, on memory from torch's own allocator
             t = torch.zeros(n)
             calls[name] = lambda t=t: comm.allreduce(t)
         elif name == "ring":
-            t, scratch = torch.zeros(n), np.empty(n // comm.size + 1, np.float32)
+            t, scratch = zeros(n), np.empty(n // comm.size + 1, np.float32)
             calls[name] = lambda t=t, s=scratch: ring_allreduce(comm, t, scratch=s)
         else:  # a torch.distributed backend
             peer = peers[name]
-            t = torch.zeros(n, device=peer.device)
+            t = zeros(n, device=peer.device)
             calls[name] = lambda t=t, peer=peer: peer.allreduce(t)
     return calls
 

@@ -63,8 +63,9 @@ def add_parser(subparsers) -> None:
     p.add_argument(
         "--rounds",
         type=positive_int,
-        default=5,
-        help="interleaved blocks per implementation; each rank reports its median block (default 5)",
+        default=8,
+        help="interleaved blocks per implementation, the order rotating each round; each rank reports its "
+        "median block (default 8)",
     )
     p.add_argument("--detail", action="store_true", help="also print min/avg/max and algbw/busbw per implementation")
     p.add_argument("--out-dir", default="results", help="folder for the JSON and PNG (default results)")

@@ -43,6 +43,7 @@ def measure(comm, sizes, backends, warmup=5, iterations=10) -> list[dict]:
     """This world's column: seconds per all-reduce for each backend and size."""
     import torch
 
+    from ..comm.buffers import zeros
     from ..comm.torch_dist import TorchDistComm
     from .timing import time_interleaved
 
@@ -52,7 +53,7 @@ def measure(comm, sizes, backends, warmup=5, iterations=10) -> list[dict]:
         device = getattr(peer, "device", "cpu")
         sync = torch.cuda.synchronize if backend == "nccl" else None
         for n in sizes:
-            buf = torch.zeros(n // 4, device=device)
+            buf = zeros(n // 4, device=device)
             w, it = (min(warmup, 1), min(iterations, 3)) if n >= LARGE else (warmup, iterations)
             call = {backend: lambda b=buf, peer=peer: peer.allreduce(b)}
             st = time_interleaved(comm, call, it, w, min(it, 5), sync)[backend]

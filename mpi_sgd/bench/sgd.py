@@ -26,6 +26,7 @@ import torch
 from torch.nn import functional as F
 
 from .. import gradsync
+from ..comm.buffers import zeros
 from ..models import MLP, SimpleNet
 from .report import markdown_table, write_json
 from .timing import time_interleaved
@@ -81,7 +82,7 @@ def bench_model(comm, name: str, args) -> list[dict]:
         elif variant == "ddp-gloo":
             model = DistributedDataParallel(model)
         elif variant == "comm-only":
-            grads = torch.zeros(sum(p.numel() for p in model.parameters()))
+            grads = zeros(sum(p.numel() for p in model.parameters()))
             calls[variant] = lambda grads=grads: comm.allreduce(grads, "sum")
             continue
         optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)

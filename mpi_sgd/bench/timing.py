@@ -7,8 +7,8 @@ and min/avg/max of the per-rank averages across ranks.
 
 One addition for noisy machines: when several implementations are compared, their timed
 iterations are split into ``rounds`` blocks and the blocks are interleaved (A B C A B C ...),
-so a burst of load from elsewhere hits all of them alike. Each rank's figure is the median
-block, which a single disturbed block cannot move.
+so a burst of load from elsewhere hits all of them alike, and the order rotates from round to
+round. Each rank's figure is the median block, which a single disturbed block cannot move.
 """
 
 from __future__ import annotations
@@ -59,8 +59,12 @@ def time_interleaved(
             fn()
     per_block = max(1, iterations // rounds)
     blocks: dict[str, list[float]] = {name: [] for name in calls}
-    for _ in range(rounds):
-        for name, fn in calls.items():
+    names = list(calls)
+    for r in range(rounds):
+        # Rotate who goes first: the block after a barrier, or after another implementation has
+        # just churned the caches, is not the same for everyone, so no position is favoured.
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            fn = calls[name]
             comm.barrier()
             if sync:
                 sync()

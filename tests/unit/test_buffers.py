@@ -56,3 +56,13 @@ def test_signature_is_comparable_across_backends():
     assert signature(torch.zeros(2, 3)) == signature(torch.zeros(2, 3))
     assert signature(torch.zeros(2, 3)) != signature(torch.zeros(2, 3, dtype=torch.float64))
     assert signature(np.zeros((2, 3), np.float32)) == ((2, 3), "float32") == signature(torch.zeros(2, 3))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int64, torch.bfloat16])
+def test_comm_zeros_is_an_ordinary_zeroed_tensor(dtype):
+    from mpi_sgd.comm.buffers import zeros
+
+    t = zeros(5 << 20, dtype)  # above numpy's 4 MiB huge-page threshold
+    assert t.dtype == dtype and t.shape == (5 << 20,) and t.is_contiguous() and not t.any()
+    t[3] = 1
+    assert t.sum().item() == 1
