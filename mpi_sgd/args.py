@@ -59,6 +59,14 @@ def positive_int(text: str) -> int:
     return value
 
 
+def positive_floats(text: str) -> list[float]:
+    """'0.25,1,4' -> [0.25, 1.0, 4.0]: each > 0, order kept."""
+    values = [positive_float(part.strip()) for part in text.split(",") if part.strip()]
+    if not values:
+        raise argparse.ArgumentTypeError(f"expected a comma-separated list of numbers, got {text!r}")
+    return values
+
+
 def positive_ints(text: str) -> list[int]:
     """'784,1024,1024,10' -> [784, 1024, 1024, 10]: each at least 1, order and repeats kept."""
     values = [positive_int(part.strip()) for part in text.split(",") if part.strip()]

@@ -14,21 +14,26 @@ backward, gradient averaging, momentum update) at per-rank batch B for:
   is free to move the bytes while backward runs.
 
 Each rank's figure is its median block; the table shows the slowest rank (it sets the pace of
-synchronous SGD), ``blocked`` the mean time per step a strategy spent waiting in communication,
-and the ratios to DDP and to ``local``.
+synchronous SGD) and, as seed 002's naive/flat/overlap table does, the mean and standard
+deviation over that rank's steps of the step time, of the time blocked in communication
+(``comm``) and of their ratio (``comm frac``; "overlap" there is ``bucketed`` here), then the
+ratios to DDP and to ``local``. ``--bucket-mb 0.25,1,4,16`` sweeps the bucket size.
 """
 
 from __future__ import annotations
 
 import argparse
+import time
 
+import numpy as np
 import torch
 from torch.nn import functional as F
 
 from .. import gradsync
+from ..args import positive_floats
 from ..comm.buffers import zeros
 from ..models import MLP, SimpleNet
-from .report import markdown_table, write_json
+from .report import markdown_table, new_figure, write_json
 from .timing import time_interleaved
 
 MODELS = {
@@ -38,23 +43,28 @@ MODELS = {
 VARIANTS = ("local", "naive", "flat", "bucketed", "ddp-gloo", "comm-only")
 
 
-def _step_fn(model, optimizer, x, y, sync=None):
-    """One training step; ``sync`` None means plain torch (local, or DDP inside its hooks)."""
-    if sync is None:
+def _step_fn(model, optimizer, x, y, sync=None, record=None):
+    """One training step; ``sync`` None means plain torch (local, or DDP inside its hooks).
 
-        def step():
+    Each call appends ``(step seconds, seconds blocked in communication)`` to ``record``: two
+    clock reads per step, so the per-step spread (seed 002's std columns) comes for free.
+    """
+
+    def step():
+        t0 = time.perf_counter()
+        if sync is None:
             optimizer.zero_grad()
             F.cross_entropy(model(x), y).backward()
             optimizer.step()
-
-        return step
-
-    def step():
+            record.append((time.perf_counter() - t0, float("nan")))
+            return
+        sync.seconds = 0.0
         sync.zero_grad()
         with sync.accumulate():
             (F.cross_entropy(model(x), y) * sync.loss_scale).backward()
         sync.wait()
         optimizer.step()
+        record.append((time.perf_counter() - t0, sync.seconds))
 
     return step
 
@@ -66,39 +76,73 @@ def _build(name: str, comm, seed: int):
     return model
 
 
+def variants(names, bucket_mbs) -> list[tuple[str, float | None]]:
+    """(variant, bucket MB) pairs: 'bucketed' once per bucket size, the others once."""
+    out = []
+    for v in names:
+        out += [(v, mb) for mb in bucket_mbs] if v == "bucketed" else [(v, None)]
+    return out
+
+
+def label(variant: str, mb: float | None, sweep: bool) -> str:
+    return f"{variant} {mb:g}MB" if sweep and mb is not None else variant
+
+
+def _spread(samples) -> dict:
+    """Mean and standard deviation of per-step figures (seed 002's avg/std columns)."""
+    a = np.asarray(samples, dtype=float)
+    if a.size == 0 or np.isnan(a).all():
+        return {"avg": float("nan"), "std": float("nan")}
+    return {"avg": float(a.mean()), "std": float(a.std(ddof=1)) if a.size > 1 else 0.0}
+
+
 def bench_model(comm, name: str, args) -> list[dict]:
     from torch.nn.parallel import DistributedDataParallel
 
     g = torch.Generator().manual_seed(args.seed + comm.rank)  # each rank its own batch
     x = torch.randn(args.batch_size, 784, generator=g)
     y = torch.randint(10, (args.batch_size,), generator=g)
-    calls, syncs = {}, {}
-    for variant in args.variants:
+    sweep = len(args.bucket_mb) > 1
+    calls, records = {}, {}
+    for variant, mb in variants(args.variants, args.bucket_mb):
+        key = label(variant, mb, sweep)
         model = _build(name, comm, args.seed)
         torch.manual_seed(args.seed + comm.rank)  # dropout masks differ per rank
         sync = None
         if variant in gradsync.STRATEGIES:
-            sync = syncs[variant] = gradsync.make(variant, model, comm, args.bucket_mb)
+            sync = gradsync.make(variant, model, comm, mb if mb is not None else args.bucket_mb[0])
         elif variant == "ddp-gloo":
             model = DistributedDataParallel(model)
         elif variant == "comm-only":
             grads = zeros(sum(p.numel() for p in model.parameters()))
-            calls[variant] = lambda grads=grads: comm.allreduce(grads, "sum")
+            calls[key] = lambda grads=grads: comm.allreduce(grads, "sum")
             continue
         optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-        calls[variant] = _step_fn(model, optimizer, x, y, sync)
+        records[key] = []
+        calls[key] = _step_fn(model, optimizer, x, y, sync, records[key])
     times = time_interleaved(comm, calls, iterations=args.steps * args.rounds, warmup=args.warmup, rounds=args.rounds)
-    total_calls = args.warmup + args.steps * args.rounds  # what time_interleaved runs
     rows = []
-    for variant in args.variants:
-        blocked = syncs[variant].seconds / total_calls if variant in syncs else float("nan")
+    for key in calls:
+        steps = records.get(key, [])[args.warmup :]  # what the warm-up ran is not timed
+        mine = {
+            "step": _spread([t for t, _ in steps]),
+            "comm": _spread([c for _, c in steps]),
+            "comm_frac": _spread([c / t for t, c in steps]),
+        }
+        # The slowest rank sets the pace of synchronous SGD; report its spread with its median.
+        everyone = comm.allgather_obj(mine)
+        spread = max(everyone, key=lambda m: m["step"]["avg"]) if steps else mine
         rows.append(
             {
                 "model": name,
-                "variant": variant,
-                "step_s": times[variant].max,
-                "step_s_min_rank": times[variant].min,
-                "blocked_s": max(comm.allgather_obj(blocked)),
+                "variant": key,
+                "step_s": times[key].max,
+                "step_s_min_rank": times[key].min,
+                "step_std_s": spread["step"]["std"],
+                "comm_s": spread["comm"]["avg"],
+                "comm_std_s": spread["comm"]["std"],
+                "comm_frac": spread["comm_frac"]["avg"],
+                "comm_frac_std": spread["comm_frac"]["std"],
             }
         )
     ref = {r["variant"]: r["step_s"] for r in rows}
@@ -106,6 +150,47 @@ def bench_model(comm, name: str, args) -> list[dict]:
         r["vs_ddp"] = r["step_s"] / ref["ddp-gloo"] if "ddp-gloo" in ref else float("nan")
         r["vs_local"] = r["step_s"] / ref["local"] if "local" in ref else float("nan")
     return rows
+
+
+HEADERS = ["model", "variant", "step ms", "± std", "comm ms", "± std", "comm frac", "x DDP-gloo", "x local"]
+
+
+def table(rows) -> str:
+    return markdown_table(
+        HEADERS,
+        [
+            [
+                r["model"],
+                r["variant"],
+                1e3 * r["step_s"],
+                1e3 * r["step_std_s"],
+                1e3 * r["comm_s"],
+                1e3 * r["comm_std_s"],
+                r["comm_frac"],
+                r["vs_ddp"],
+                r["vs_local"],
+            ]
+            for r in rows
+        ],
+    )
+
+
+def plot(rows, path) -> None:
+    """Step time per variant, the part blocked in communication stacked at the bottom."""
+    fig, axes = new_figure(1, len({r["model"] for r in rows}), figsize=(11, 4), squeeze=False)
+    for ax, model in zip(axes[0], dict.fromkeys(r["model"] for r in rows), strict=False):
+        mine = [r for r in rows if r["model"] == model and r["variant"] != "comm-only"]
+        names = [r["variant"] for r in mine]
+        step = [1e3 * r["step_s"] for r in mine]
+        comm = [0.0 if r["comm_s"] != r["comm_s"] else 1e3 * r["comm_s"] for r in mine]
+        ax.bar(names, step, color="tab:blue", label="step")
+        ax.bar(names, comm, color="tab:orange", label="blocked in communication")
+        ax.set_title(model)
+        ax.set_ylabel("ms per step")
+        ax.tick_params(axis="x", rotation=45)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
 
 
 def main(comm, args) -> int:
@@ -122,25 +207,24 @@ def main(comm, args) -> int:
     if comm.is_root:
         print(
             f"training step, {comm.size} ranks x batch {args.batch_size}, {threads} torch thread(s) per rank, "
-            f"bucket {args.bucket_mb:g} MB, median of {args.rounds} interleaved blocks of {args.steps} steps, "
-            "slowest rank\n"
+            f"bucket {','.join(f'{mb:g}' for mb in args.bucket_mb)} MB, median of {args.rounds} interleaved "
+            f"blocks of {args.steps} steps, slowest rank; ± std over its steps; comm = time blocked in "
+            "gradient communication\n"
         )
-        table = [
-            [r["model"], r["variant"], 1e3 * r["step_s"], 1e3 * r["blocked_s"], r["vs_ddp"], r["vs_local"]]
-            for r in rows
-        ]
-        print(markdown_table(["model", "variant", "step ms", "blocked ms", "x DDP-gloo", "x local"], table))
-        if args.json:
-            write_json(
-                args.json,
-                {
-                    "world_size": comm.size,
-                    "batch_size": args.batch_size,
-                    "threads": threads,
-                    "bucket_mb": args.bucket_mb,
-                    "rows": rows,
-                },
-            )
+        print(table(rows))
+        out = write_json(
+            f"{args.out_dir}/sgd-n{comm.size}.json",
+            {
+                "world_size": comm.size,
+                "batch_size": args.batch_size,
+                "threads": threads,
+                "bucket_mb": args.bucket_mb,
+                "rows": rows,
+            },
+        )
+        if not args.no_plot:
+            plot(rows, out.with_suffix(".png"))
+        print(f"\nwrote {out}" + ("" if args.no_plot else f" and {out.with_suffix('.png')}"))
     return 0
 
 
@@ -165,12 +249,18 @@ def add_parser(kinds) -> None:
         help=f"comma-separated variants: {','.join(VARIANTS)} (default all)",
     )
     p.add_argument("--batch-size", type=int, default=64, help="samples per rank per step (default 64)")
-    p.add_argument("--bucket-mb", type=float, default=1.0, help="bucket size for 'bucketed' in MB (default 1)")
+    p.add_argument(
+        "--bucket-mb",
+        type=positive_floats,
+        default=[1.0],
+        help="bucket size for 'bucketed' in MB; a comma-separated list sweeps it, e.g. 0.25,1,4,16 (default 1)",
+    )
     p.add_argument("--steps", type=int, default=20, help="timed steps per block (default 20)")
     p.add_argument("--rounds", type=int, default=5, help="interleaved blocks per variant (default 5)")
     p.add_argument("--warmup", type=int, default=5, help="discarded steps per variant (default 5)")
     p.add_argument("--seed", type=int, default=0, help="seed for models and data (default 0)")
-    p.add_argument("--json", default=None, help="also write the rows here as JSON")
+    p.add_argument("--out-dir", default="results", help="folder for the JSON and PNG (default results)")
+    p.add_argument("--no-plot", action="store_true", help="skip the PNG")
     p.set_defaults(func=_run, parser=p)
 
 
@@ -180,8 +270,6 @@ def _run(args) -> int:
     bad = [m for m in args.models if m not in MODELS] + [v for v in args.variants if v not in VARIANTS]
     if bad:
         args.parser.error(f"unknown model(s)/variant(s): {', '.join(bad)}")
-    if min(args.batch_size, args.steps, args.rounds) < 1 or args.warmup < 0 or args.bucket_mb <= 0:
-        args.parser.error(
-            "--batch-size, --steps and --rounds must be at least 1, --warmup 0 or more, --bucket-mb positive"
-        )
+    if min(args.batch_size, args.steps, args.rounds) < 1 or args.warmup < 0:
+        args.parser.error("--batch-size, --steps and --rounds must be at least 1, --warmup 0 or more")
     return main(init("mpi4py"), args)

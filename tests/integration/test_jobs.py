@@ -58,3 +58,34 @@ def test_bench_allreduce_prints_side_by_side_and_writes_json(tmp_path):
 def test_bench_rejects_bad_sizes():
     proc = run_mpi(2, "-m", "mpi_sgd.cli", "bench", "allreduce", "--max-bytes", "lots", check=False, timeout=60)
     assert proc.returncode == 2 and "not a size: 'lots'" in proc.stderr
+
+
+def test_bench_sgd_prints_seed002_columns_and_sweeps_buckets(tmp_path):
+    proc = run_mpi(
+        2,
+        "-m",
+        "mpi_sgd.cli",
+        "bench",
+        "sgd",
+        "--models",
+        "simplenet",
+        "--steps",
+        "3",
+        "--rounds",
+        "2",
+        "--warmup",
+        "1",
+        "--bucket-mb",
+        "0.5,2",
+        "--out-dir",
+        str(tmp_path),
+    )
+    assert "| step ms | ± std | comm ms | ± std | comm frac | x DDP-gloo | x local |" in proc.stdout
+    rows = json.loads((tmp_path / "sgd-n2.json").read_text())["rows"]
+    names = [r["variant"] for r in rows]
+    assert names == ["local", "naive", "flat", "bucketed 0.5MB", "bucketed 2MB", "ddp-gloo", "comm-only"]
+    for r in rows:
+        if r["variant"] in ("naive", "flat", "bucketed 0.5MB"):
+            # blocked time is part of the step, never more than all of it
+            assert 0 <= r["comm_s"] and 0 <= r["comm_frac"] <= 1 and r["step_std_s"] >= 0
+    assert (tmp_path / "sgd-n2.png").stat().st_size > 1000

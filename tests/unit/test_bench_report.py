@@ -40,3 +40,12 @@ def test_markdown_table_aligns_and_marks_missing():
     text = markdown_table(["size", "t"], [["1 KiB", 1.5], ["2 KiB", float("nan")]])
     lines = text.splitlines()
     assert len({len(line) for line in lines}) == 1 and lines[1].startswith("|--") and "-" in lines[3]
+
+
+def test_sgd_variants_expand_the_bucket_sweep():
+    from mpi_sgd.bench.sgd import label, variants
+
+    pairs = variants(["flat", "bucketed", "local"], [0.5, 4.0])
+    assert pairs == [("flat", None), ("bucketed", 0.5), ("bucketed", 4.0), ("local", None)]
+    assert [label(v, mb, sweep=True) for v, mb in pairs] == ["flat", "bucketed 0.5MB", "bucketed 4MB", "local"]
+    assert label("bucketed", 1.0, sweep=False) == "bucketed"
