@@ -1,5 +1,5 @@
 # python examples/speedup.py --t-comp 1 --t-sync 1 --ranks 1,2,3,4
-"""Will R more ranks pay? Seed 003's law, T_epoch = N/(R·B)·(T_comp + T_sync), for your numbers.
+"""Will R more ranks pay? [S-SGD]'s law, T_epoch = N/(R·B)·(T_comp + T_sync), for your numbers.
 
 Distribution pays iff T_sync/T_comp < R − 1. T_comp and T_sync come from flags, from a
 calibration measured on your machine, or from a network's α and β and your parameter count:
@@ -89,7 +89,7 @@ points = pm.scaling(compute, sync, args.ranks, args.samples, args.batch, args.sc
 print(f"T_comp = {compute.t_comp:g} s at batch {compute.batch}; {sync.describe()}")
 print(f"N = {args.samples} samples, B = {args.batch} ({args.scaling} scaling)\n")
 print(markdown_table(pm.TABLE_HEADERS, pm.table_rows(points)))
-print("\ndistribution pays iff T_sync/T_comp < R - 1 (seed 003)")
+print("\ndistribution pays iff T_sync/T_comp < R - 1 ([S-SGD])")
 
 args.plot.parent.mkdir(parents=True, exist_ok=True)
 print(f"plot written to {pm.plot_scaling(points, args.plot, sync.describe())}")

@@ -53,7 +53,7 @@ class Dataset:
 def toy_regression(num_samples: int = 4096, input_size: int = 100, seed: int = 0) -> Dataset:
     """Regression onto a fixed random two-layer teacher plus noise: ``y = w2 . tanh(W1 x) + 0.1 e``.
 
-    Seed 000's toy data was pure noise (nothing to learn); a teacher gives the loss somewhere to
+    [DDP-scaling]'s toy data was pure noise (nothing to learn); a teacher gives the loss somewhere to
     fall. Everything is drawn from a generator seeded by ``seed``, so the set is a function of
     ``(seed, num_samples, input_size)`` alone and each rank makes the same one without any message.
     """

@@ -2,7 +2,7 @@
 
 Synchronous SGD on R ranks, each with a batch of B samples, takes the step one process would
 take with batch R*B: the mean loss over R*B samples is the mean of the R per-rank means, and
-the gradient is linear, so (seed 003, eq. 4)
+the gradient is linear, so ([S-SGD], eq. 4)
 
     g = (1/R) * sum_r grad L_r(theta)        (L_r: mean loss over rank r's B samples)
 
@@ -48,7 +48,7 @@ def broadcast_parameters(model: nn.Module, comm, root: int = 0) -> None:
 
     Same-seed initialisation would do it too, until someone initialises with ``seed + rank`` or
     a library draws from the RNG in a rank-dependent way; one broadcast costs little and makes it
-    certain (seed 003's ``sync_initial_weights``, as a collective instead of R-1 sends).
+    certain ([S-SGD]'s ``sync_initial_weights``, as a collective instead of R-1 sends).
     """
     with torch.no_grad():
         for t in list(model.parameters()) + list(model.buffers()):

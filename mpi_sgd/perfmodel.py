@@ -1,6 +1,6 @@
 """When does synchronous data-parallel SGD pay? A first-order model, in seconds and bytes.
 
-**Epoch time (seed 003).** With ``N`` samples, a per-rank batch ``B`` and ``R`` replicas, every
+**Epoch time ([S-SGD]).** With ``N`` samples, a per-rank batch ``B`` and ``R`` replicas, every
 step processes ``R·B`` samples, so an epoch is ``N/(R·B)`` steps of ``T_comp + T_sync``::
 
     T_epoch(R) = N/(R·B) · (T_comp + T_sync(R)),      T_sync(1) = 0
@@ -15,7 +15,7 @@ where ``T_comp`` is one rank's forward + backward + optimizer step on its ``B`` 
 and distribution pays (speedup > 1) exactly when ``T_sync / T_comp < R − 1``. Equality is the
 break-even line: with ``T_comp = T_sync = 1 s`` a step of two ranks takes 2 s for 2·B samples,
 just what one rank takes for them (speedup 1.00); three ranks take 2 s for 3·B (speedup 1.50). The
-model takes the seed's continuous step count ``N/(R·B)`` (a loader runs ``⌈N/(R·B)⌉``), so the
+model takes [S-SGD]'s continuous step count ``N/(R·B)`` (a loader runs ``⌈N/(R·B)⌉``), so the
 speedup does not depend on ``N``, and ``T_sync`` at R = 1 is zero: one process sends nothing.
 
 This is **weak scaling** in the per-step sense (fixed per-rank batch, global batch ``R·B``
@@ -63,9 +63,9 @@ def _check_inputs(t_comp: float, t_sync: float, ranks: int) -> None:
         raise ValueError("t_comp must be positive: a step that costs nothing cannot be sped up")
 
 
-# -- seed 003: epoch time, speedup, break-even ---------------------------------------------
+# -- [S-SGD]: epoch time, speedup, break-even ---------------------------------------------
 def speedup(t_comp: float, t_sync: float, ranks: int) -> float:
-    """R·T_comp / (T_comp + T_sync): seed 003's law at a fixed per-rank batch (1 at R = 1)."""
+    """R·T_comp / (T_comp + T_sync): [S-SGD]'s law at a fixed per-rank batch (1 at R = 1)."""
     _check_inputs(t_comp, t_sync, ranks)
     if ranks == 1:
         return 1.0
@@ -73,7 +73,7 @@ def speedup(t_comp: float, t_sync: float, ranks: int) -> float:
 
 
 def pays(t_comp: float, t_sync: float, ranks: int) -> bool:
-    """Seed 003, inequality (3): T_sync/T_comp < R − 1, written without division so it is exact."""
+    """[S-SGD], inequality (3): T_sync/T_comp < R − 1, written without division so it is exact."""
     _check_inputs(t_comp, t_sync, ranks)
     return ranks > 1 and t_sync < (ranks - 1) * t_comp
 
@@ -115,7 +115,7 @@ class Compute:
 
 @dataclass(frozen=True)
 class FixedSync:
-    """A measured or assumed T_sync, the same at every R > 1 (seed 003's reading)."""
+    """A measured or assumed T_sync, the same at every R > 1 ([S-SGD]'s reading)."""
 
     seconds: float
 
@@ -155,7 +155,7 @@ class ScalingPoint:
 
     ranks: int
     per_rank_batch: float
-    steps: float  # per epoch, continuous as in seed 003
+    steps: float  # per epoch, continuous as in [S-SGD]
     t_comp: float
     t_sync: float
     t_epoch: float
@@ -178,7 +178,7 @@ def scaling(
 ) -> list[ScalingPoint]:
     """T_epoch, speedup and efficiency at each R, against one process with the same model.
 
-    ``batch`` is the per-rank batch for ``mode="weak"`` (seed 003) and the global batch for
+    ``batch`` is the per-rank batch for ``mode="weak"`` ([S-SGD]) and the global batch for
     ``mode="strong"``. Speedup is computed from per-step times and the step-count ratio, not
     from two rounded epoch times, so the break-even case comes out exactly 1.
     """
@@ -427,7 +427,7 @@ TABLE_HEADERS = (
 
 
 def table_rows(points: Sequence[ScalingPoint]) -> list[tuple[str, ...]]:
-    """Rows for :data:`TABLE_HEADERS`; "pays?" reads seed 003's test T_sync/T_comp < R − 1."""
+    """Rows for :data:`TABLE_HEADERS`; "pays?" reads [S-SGD]'s test T_sync/T_comp < R − 1."""
     rows = []
     for p in points:
         verdict = "baseline" if p.ranks == 1 else ("yes" if p.pays else "no")

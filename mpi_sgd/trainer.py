@@ -3,7 +3,7 @@
 Per step, every rank runs forward and backward on its own B samples (split into ``grad_accum``
 micro-batches), the gradient strategy averages the gradients over all R ranks, and every rank
 applies the same optimizer step to the same parameters: one step of SGD at batch R*B. Per
-epoch, with N samples (seed 003):
+epoch, with N samples ([S-SGD]):
 
     T_epoch = N / (R*B) * (T_comp + T_sync)
 

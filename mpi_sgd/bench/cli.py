@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 
 from ..args import nbytes, positive_int
-from . import grid, seed002, sgd
+from . import grid, sgd, workers
 
 
 def _impls(text: str) -> list[str]:
@@ -72,5 +72,5 @@ def add_parser(subparsers) -> None:
     p.add_argument("--no-plot", action="store_true", help="skip the PNG")
     p.set_defaults(func=_run_allreduce, parser=p)
     grid.add_parser(kinds)
-    seed002.add_parser(kinds)
+    workers.add_parser(kinds)
     sgd.add_parser(kinds)

@@ -1,11 +1,11 @@
-"""Seed 000's grid: how one process's training time grows with model size and data size.
+"""[DDP-scaling]'s grid: how one process's training time grows with model size and data size.
 
     mpi-sgd bench grid                 # models 0x10, 3x100, 3x400 by 16384 and 131072 samples
     mpi-sgd bench grid --tiny          # seconds, for tests
 
 Each cell trains a feed-forward net (100 inputs, ``L`` hidden layers of width ``W``, one output;
 MSE loss, SGD with momentum, batch 32 as in the seed) on random data for ``--epochs`` epochs and
-reports the median of ``--repeats`` runs. The seed's point is that time grows with the product
+reports the median of ``--repeats`` runs. [DDP-scaling]'s point is that time grows with the product
 of model and data, not their sum: 10x the parameters and 10x the samples cost about 100x, which
 is what drives training onto more than one process. The table shows each cell's time relative
 to the smallest cell beside the ratio of parameters x samples.
@@ -130,7 +130,7 @@ def main(args) -> int:
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser(
         "grid",
-        help="seed 000: training time over model size x data size (one process)",
+        help="[DDP-scaling]: training time over model size x data size (one process)",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

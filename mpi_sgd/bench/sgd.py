@@ -14,7 +14,7 @@ backward, gradient averaging, momentum update) at per-rank batch B for:
   is free to move the bytes while backward runs.
 
 Each rank's figure is its median block; the table shows the slowest rank (it sets the pace of
-synchronous SGD) and, as seed 002's naive/flat/overlap table does, the mean and standard
+synchronous SGD) and, as [DDP-bench]'s naive/flat/overlap table does, the mean and standard
 deviation over that rank's steps of the step time, of the time blocked in communication
 (``comm``) and of their ratio (``comm frac``; "overlap" there is ``bucketed`` here), then the
 ratios to DDP and to ``local``. ``--bucket-mb 0.25,1,4,16`` sweeps the bucket size.
@@ -47,7 +47,7 @@ def _step_fn(model, optimizer, x, y, sync=None, record=None):
     """One training step; ``sync`` None means plain torch (local, or DDP inside its hooks).
 
     Each call appends ``(step seconds, seconds blocked in communication)`` to ``record``: two
-    clock reads per step, so the per-step spread (seed 002's std columns) comes for free.
+    clock reads per step, so the per-step spread ([DDP-bench]'s std columns) comes for free.
     """
 
     def step():
@@ -89,7 +89,7 @@ def label(variant: str, mb: float | None, sweep: bool) -> str:
 
 
 def _spread(samples) -> dict:
-    """Mean and standard deviation of per-step figures (seed 002's avg/std columns)."""
+    """Mean and standard deviation of per-step figures ([DDP-bench]'s avg/std columns)."""
     a = np.asarray(samples, dtype=float)
     if a.size == 0 or np.isnan(a).all():
         return {"avg": float("nan"), "std": float("nan")}

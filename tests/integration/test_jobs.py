@@ -60,7 +60,7 @@ def test_bench_rejects_bad_sizes():
     assert proc.returncode == 2 and "not a size: 'lots'" in proc.stderr
 
 
-def test_bench_sgd_prints_seed002_columns_and_sweeps_buckets(tmp_path):
+def test_bench_sgd_prints_ddp_bench_columns_and_sweeps_buckets(tmp_path):
     proc = run_mpi(
         2,
         "-m",

@@ -1,4 +1,4 @@
-"""The performance model's formulas against seed 003 and hand-computed α-β-γ costs."""
+"""The performance model's formulas against [S-SGD] and hand-computed α-β-γ costs."""
 
 import math
 import random
@@ -9,7 +9,7 @@ from mpi_sgd import perfmodel as pm
 from mpi_sgd.bench.report import markdown_table
 
 
-# -- seed 003: break-even ---------------------------------------------------------------------
+# -- [S-SGD]: break-even ---------------------------------------------------------------------
 def test_break_even_is_exact():
     # T_sync = T_comp: R = 2 only breaks even, R = 3 gains half a process.
     assert pm.speedup(1.0, 1.0, 2) == 1.0

@@ -1,21 +1,21 @@
-"""Seed 002's all-reduce table: backend x workers (2, 4, 6) x data size (1 MB .. 1 GB).
+"""[DDP-bench]'s all-reduce table: backend x workers (2, 4, 6) x data size (1 MB .. 1 GB).
 
-    mpi-sgd bench seed002                       # one command: runs mpiexec -n 2, 4, 6 in turn
-    mpi-sgd bench seed002 --max-bytes 100MB     # the same without the 1 GB row (small machines)
-    mpiexec -n 4 mpi-sgd bench seed002          # only this world's column
+    mpi-sgd bench workers                       # one command: runs mpiexec -n 2, 4, 6 in turn
+    mpi-sgd bench workers --max-bytes 100MB     # the same without the 1 GB row (small machines)
+    mpiexec -n 4 mpi-sgd bench workers          # only this world's column
 
 The table needs one MPI job per worker count, and a job cannot change its own size, so started
 as a single process this command launches ``mpiexec -n W`` for each ``--workers`` entry (the
 command in ``MPI_SGD_MPIEXEC``, else the ``mpiexec`` beside this Python), waits for each, and
 merges the columns they wrote. Started under mpiexec it measures the current world only.
 
-Timing follows the seed's practice: 5 warm-up calls discarded, then 10 timed, with a barrier
+Timing follows [DDP-bench]'s practice: 5 warm-up calls discarded, then 10 timed, with a barrier
 before each timed block, and the per-rank figures gathered so the table shows the average with
 min and max across ranks. From 100 MB on, where one call takes seconds, it is 1 and 3, as OSU
-also lowers its counts for large messages. Sizes are the seed's decimal 1, 10, 100
+also lowers its counts for large messages. Sizes are [DDP-bench]'s decimal 1, 10, 100
 and 1000 MB of float32. Backends run one after another, never interleaved, so a rank holds one
 1 GB buffer at a time. Worker counts above the core count oversubscribe: those columns measure
-contention as much as the transport; the seed's own 4- and 6-worker rows came from a laptop.
+contention as much as the transport; [DDP-bench]'s own 4- and 6-worker rows came from a laptop.
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ def plot(rows, path) -> None:
         ax.loglog(*zip(*pts, strict=True), "o-", label=f"{key[0]}, {key[1]} workers")
     ax.set_xlabel("data size (bytes)")
     ax.set_ylabel("all-reduce time (s)")
-    ax.set_title("seed 002 all-reduce table")
+    ax.set_title("[DDP-bench] all-reduce table")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -113,7 +113,7 @@ def column(args) -> int:
     backends = comm.bcast_obj(backends)  # one decision for every rank
     rows = measure(comm, [n for n in SIZES if n <= args.max_bytes], backends, args.warmup, args.iterations)
     if comm.is_root:
-        out = write_json(f"{args.out_dir}/seed002-n{comm.size}.json", {"benchmark": "seed002", "rows": rows})
+        out = write_json(f"{args.out_dir}/workers-n{comm.size}.json", {"benchmark": "workers", "rows": rows})
         print(table(rows) + f"\n\nwrote {out}")
     return 0
 
@@ -124,16 +124,16 @@ def launch(args) -> int:
               "--warmup", str(args.warmup), "--iterations", str(args.iterations)]  # fmt: skip
     rows = []
     for w in args.workers:
-        cmd, env = mpiexec_command(w, "-m", "mpi_sgd.cli", "bench", "seed002", *passed)
+        cmd, env = mpiexec_command(w, "-m", "mpi_sgd.cli", "bench", "workers", *passed)
         print(f"$ {' '.join(cmd)}", flush=True)
         done = subprocess.run(cmd, env=env, capture_output=True, text=True)
         if done.returncode != 0:
             sys.stderr.write(done.stdout + done.stderr)
             print(f"mpiexec -n {w} failed (exit {done.returncode})", file=sys.stderr)
             return done.returncode or 1
-        rows += json.loads(Path(args.out_dir, f"seed002-n{w}.json").read_text())["rows"]
+        rows += json.loads(Path(args.out_dir, f"workers-n{w}.json").read_text())["rows"]
     print("\n" + table(rows))
-    out = write_json(f"{args.out_dir}/seed002-allreduce.json", {"benchmark": "seed002", "rows": rows})
+    out = write_json(f"{args.out_dir}/workers-allreduce.json", {"benchmark": "workers", "rows": rows})
     if not args.no_plot:
         plot(rows, out.with_suffix(".png"))
     print(f"\nwrote {out}" + ("" if args.no_plot else f" and {out.with_suffix('.png')}"))
@@ -160,8 +160,8 @@ def _backend_list(text: str) -> list[str]:
 
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser(
-        "seed002",
-        help="seed 002's all-reduce table: backend x workers 2/4/6 x 1MB..1GB",
+        "workers",
+        help="[DDP-bench]'s all-reduce table: backend x workers 2/4/6 x 1MB..1GB",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -1,11 +1,11 @@
-"""Seed 000's model x data grid (one process) and the pure parts of seed 002's all-reduce table."""
+"""[DDP-scaling]'s model x data grid (one process) and the pure parts of [DDP-bench]'s all-reduce table."""
 
 import argparse
 import json
 
 import pytest
 
-from mpi_sgd.bench import grid, seed002
+from mpi_sgd.bench import grid, workers
 
 
 def test_grid_tiny_writes_table_json_and_png(tmp_path, capsys):
@@ -35,22 +35,22 @@ def test_model_spec():
             grid.model_spec(bad)
 
 
-def test_seed002_table_reads_like_the_seed():
+def test_workers_table_reads_like_the_seed():
     rows = [
         dict(backend="gloo", workers=2, bytes=10**6, avg_s=0.002193, min_s=0.002, max_s=0.0025),
         dict(backend="mpi4py", workers=2, bytes=10**9, avg_s=0.5, min_s=0.4, max_s=0.6),
     ]
-    lines = seed002.table(rows).splitlines()
+    lines = workers.table(rows).splitlines()
     assert lines[0].split("|")[1:5] == [" Backend ", " Workers ", " Data Size ", " Time (s) "]
     assert "mpi4py" in lines[2] and "1000MB" in lines[2]  # mpi4py first, as the seam is ours
     assert "gloo" in lines[3] and "1MB" in lines[3] and "0.002193" in lines[3]
 
 
 @pytest.mark.parametrize("args", [["--workers", "1,2"], ["--max-bytes", "1KB"], ["--backends", "ucx"]])
-def test_seed002_bad_arguments_exit_2(args, tmp_path, capsys):
+def test_workers_bad_arguments_exit_2(args, tmp_path, capsys):
     from mpi_sgd.cli import main
 
     with pytest.raises(SystemExit) as exit_:
-        main(["bench", "seed002", *args, "--out-dir", str(tmp_path)])
+        main(["bench", "workers", *args, "--out-dir", str(tmp_path)])
     assert exit_.value.code == 2 and "usage:" in capsys.readouterr().err
     assert not list(tmp_path.iterdir())  # nothing launched, nothing written
