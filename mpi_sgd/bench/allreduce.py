@@ -24,7 +24,7 @@ import torch
 from ..collectives import ring_allreduce
 from ..comm import Communicator
 from ..comm.buffers import zeros
-from .report import human_bytes, markdown_table, new_figure, write_json
+from .report import human_bytes, markdown_table, new_figure, save_results
 from .timing import osu_iterations, time_interleaved
 
 IMPLS = ("raw", "seam", "seam-torchalloc", "ring", "gloo", "nccl")
@@ -180,10 +180,6 @@ def main(comm, args) -> int:
         if args.detail:
             for impl in impls:
                 print(f"\n## {impl}\n" + detail_table(rows, impl))
-        out = write_json(
-            f"{args.out_dir}/allreduce-n{comm.size}.json", {"benchmark": "allreduce", "ranks": comm.size, "rows": rows}
-        )
-        if not args.no_plot:
-            plot(rows, impls, out.with_suffix(".png"))
-        print(f"\nwrote {out}" + ("" if args.no_plot else f" and {out.with_suffix('.png')}"))
+        save_results(args, f"allreduce-n{comm.size}", {"benchmark": "allreduce", "ranks": comm.size, "rows": rows},
+                     lambda png: plot(rows, impls, png))  # fmt: skip
     return 0

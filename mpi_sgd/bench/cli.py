@@ -9,6 +9,7 @@ import argparse
 
 from ..args import nbytes, positive_int
 from . import grid, sgd, workers
+from .report import add_output_arguments
 
 
 def _impls(text: str) -> list[str]:
@@ -68,8 +69,7 @@ def add_parser(subparsers) -> None:
         "median block (default 8)",
     )
     p.add_argument("--detail", action="store_true", help="also print min/avg/max and algbw/busbw per implementation")
-    p.add_argument("--out-dir", default="results", help="folder for the JSON and PNG (default results)")
-    p.add_argument("--no-plot", action="store_true", help="skip the PNG")
+    add_output_arguments(p)
     p.set_defaults(func=_run_allreduce, parser=p)
     grid.add_parser(kinds)
     workers.add_parser(kinds)

@@ -24,7 +24,7 @@ import statistics
 import time
 
 from ..args import positive_int, rank_list
-from .report import markdown_table, new_figure, write_json
+from .report import add_output_arguments, markdown_table, new_figure, save_results
 
 INPUTS = 100
 
@@ -120,10 +120,7 @@ def main(args) -> int:
     print(f"# training time: one process, {args.threads} thread(s), batch {args.batch}, {args.epochs} epoch(s), "
           f"median of {args.repeats}")  # fmt: skip
     print(table(rows))
-    out = write_json(f"{args.out_dir}/grid.json", {"benchmark": "grid", "batch": args.batch, "rows": rows})
-    if not args.no_plot:
-        plot(rows, out.with_suffix(".png"))
-    print(f"\nwrote {out}" + ("" if args.no_plot else f" and {out.with_suffix('.png')}"))
+    save_results(args, "grid", {"benchmark": "grid", "batch": args.batch, "rows": rows}, lambda png: plot(rows, png))
     return 0
 
 
@@ -143,6 +140,5 @@ def add_parser(subparsers) -> None:
     p.add_argument("--repeats", type=positive_int, default=3, help="runs per cell; the median is reported (3)")
     p.add_argument("--threads", type=positive_int, default=1, help="torch intra-op threads (default 1)")
     p.add_argument("--tiny", action="store_true", help="two tiny models on 256 and 2048 samples, one run each")
-    p.add_argument("--out-dir", default="results", help="folder for the JSON and PNG (default results)")
-    p.add_argument("--no-plot", action="store_true", help="skip the PNG")
+    add_output_arguments(p)
     p.set_defaults(func=main, parser=p)

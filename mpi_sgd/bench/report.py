@@ -56,6 +56,23 @@ def write_json(path: str | os.PathLike, payload: dict) -> Path:
     return path
 
 
+def add_output_arguments(parser) -> None:
+    """The flags every benchmark shares: where its JSON and PNG go."""
+    parser.add_argument("--out-dir", default="results", help="folder for the JSON and PNG (default results)")
+    parser.add_argument("--no-plot", action="store_true", help="skip the PNG")
+
+
+def save_results(args, name: str, payload: dict, plot=None) -> Path:
+    """Write ``<out-dir>/<name>.json`` and, unless ``--no-plot``, ``plot(png_path)`` beside it; say where."""
+    out = write_json(Path(args.out_dir) / f"{name}.json", payload)
+    if plot is not None and not args.no_plot:
+        plot(out.with_suffix(".png"))
+        print(f"\nwrote {out} and {out.with_suffix('.png')}")
+    else:
+        print(f"\nwrote {out}")
+    return out
+
+
 def new_figure(nrows: int = 1, ncols: int = 1, **kw):
     import matplotlib
 

@@ -33,7 +33,7 @@ from .. import gradsync
 from ..args import positive_floats
 from ..comm.buffers import zeros
 from ..models import MLP, SimpleNet
-from .report import markdown_table, new_figure, write_json
+from .report import add_output_arguments, markdown_table, new_figure, save_results
 from .timing import time_interleaved
 
 MODELS = {
@@ -212,19 +212,9 @@ def main(comm, args) -> int:
             "gradient communication\n"
         )
         print(table(rows))
-        out = write_json(
-            f"{args.out_dir}/sgd-n{comm.size}.json",
-            {
-                "world_size": comm.size,
-                "batch_size": args.batch_size,
-                "threads": threads,
-                "bucket_mb": args.bucket_mb,
-                "rows": rows,
-            },
-        )
-        if not args.no_plot:
-            plot(rows, out.with_suffix(".png"))
-        print(f"\nwrote {out}" + ("" if args.no_plot else f" and {out.with_suffix('.png')}"))
+        payload = {"world_size": comm.size, "batch_size": args.batch_size, "threads": threads,
+                   "bucket_mb": args.bucket_mb, "rows": rows}  # fmt: skip
+        save_results(args, f"sgd-n{comm.size}", payload, lambda png: plot(rows, png))
     return 0
 
 
@@ -259,8 +249,7 @@ def add_parser(kinds) -> None:
     p.add_argument("--rounds", type=int, default=5, help="interleaved blocks per variant (default 5)")
     p.add_argument("--warmup", type=int, default=5, help="discarded steps per variant (default 5)")
     p.add_argument("--seed", type=int, default=0, help="seed for models and data (default 0)")
-    p.add_argument("--out-dir", default="results", help="folder for the JSON and PNG (default results)")
-    p.add_argument("--no-plot", action="store_true", help="skip the PNG")
+    add_output_arguments(p)
     p.set_defaults(func=_run, parser=p)
 
 

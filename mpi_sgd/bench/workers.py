@@ -28,7 +28,7 @@ from pathlib import Path
 
 from ..args import nbytes, positive_int, rank_list
 from ..launch import mpiexec_command, placement
-from .report import human_bytes, markdown_table, new_figure, write_json
+from .report import add_output_arguments, human_bytes, markdown_table, new_figure, save_results, write_json
 
 SIZES = (10**6, 10**7, 10**8, 10**9)
 BACKENDS = ("mpi4py", "gloo", "nccl")
@@ -133,10 +133,7 @@ def launch(args) -> int:
             return done.returncode or 1
         rows += json.loads(Path(args.out_dir, f"workers-n{w}.json").read_text())["rows"]
     print("\n" + table(rows))
-    out = write_json(f"{args.out_dir}/workers-allreduce.json", {"benchmark": "workers", "rows": rows})
-    if not args.no_plot:
-        plot(rows, out.with_suffix(".png"))
-    print(f"\nwrote {out}" + ("" if args.no_plot else f" and {out.with_suffix('.png')}"))
+    save_results(args, "workers-allreduce", {"benchmark": "workers", "rows": rows}, lambda png: plot(rows, png))
     return 0
 
 
@@ -171,6 +168,5 @@ def add_parser(subparsers) -> None:
                    help="mpi4py (the seam), gloo, nccl (skipped without CUDA) (default all three)")  # fmt: skip
     p.add_argument("--warmup", type=int, default=5, help="discarded calls per size (5; 1 from 100MB)")
     p.add_argument("--iterations", type=positive_int, default=10, help="timed calls per size (10; 3 from 100MB)")
-    p.add_argument("--out-dir", default="results", help="folder for the JSON and PNG (default results)")
-    p.add_argument("--no-plot", action="store_true", help="skip the PNG")
+    add_output_arguments(p)
     p.set_defaults(func=main, parser=p)
