@@ -75,10 +75,12 @@ test-integration: venv
 	$(PY) -m pytest -q --timeout=$(TEST_TIMEOUT) tests/integration
 
 examples: venv
-	@set -e; for f in examples/0*.py; do \
+	@set -e; for f in examples/0*.py examples/sync_sgd.py; do \
 	  echo "== $$f at mpiexec -n $(NP) =="; \
 	  $(MPIEXEC) -n $(NP) $(PY) $$f; \
 	done
+	@echo "== examples/speedup.py =="
+	$(PY) examples/speedup.py --t-comp 1 --t-sync 1 --ranks 1,2,3,4 --plot results/speedup.png
 
 bench: venv
 	$(MPIEXEC) -n $(NP) $(BIN)/mpi-sgd bench allreduce
