@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 
 from ..args import nbytes, positive_int
-from . import grid, seed002, sgd
+from . import grid, seed002, sgd, validate
 
 
 def _impls(text: str) -> list[str]:
@@ -74,3 +74,4 @@ def add_parser(subparsers) -> None:
     grid.add_parser(kinds)
     seed002.add_parser(kinds)
     sgd.add_parser(kinds)
+    validate.add_parser(kinds)
