@@ -1,6 +1,6 @@
 """Validate the speedup model: predicted vs measured sync_sgd step time, and the break-even line.
 
-    mpi-sgd bench validate                          # per-rank batches 1 and 256 at R = 1, 2, 4
+    mpi-sgd bench validate                          # per-rank batches 1 and 512 at R = 1, 2, 4
     mpi-sgd bench validate --batches 2,512 --steps 60
 
 One process that launches its own MPI jobs, for each configuration (a per-rank batch B):
@@ -253,9 +253,9 @@ def main(args) -> int:
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser("validate", help="predicted vs measured sync_sgd step time at R = 1, 2 (4 reported)",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-    p.add_argument("--batches", type=rank_list, default=[1, 256],
+    p.add_argument("--batches", type=rank_list, default=[1, 512],
                    help="per-rank batches, one configuration each: a small one the model says will not pay at "
-                   "R = 2 and a large one it says will (default 1,256; at most 1024 for R = 4)")  # fmt: skip
+                   "R = 2 and a large one it says will (default 1,512; at most 1024 for R = 4)")  # fmt: skip
     p.add_argument("--ranks", type=rank_list, default=[1, 2, 4], help="world sizes, 1 and 2 included (default 1,2,4)")
     p.add_argument("--steps", type=positive_int, default=40, help="training steps per run, 5 of them warm-up (40)")
     p.add_argument("--max-bytes", type=nbytes, default=16 << 20, help="largest all-reduce in the calibration sweep "
