@@ -210,6 +210,7 @@ def plot(rows: Sequence[Row], path: Path) -> None:
     bx.axhline(1.0, color="red", lw=1, label="break-even")
     bx.set(xlabel="ranks R", ylabel="speedup over 1 rank", title="weak scaling")
     for a in (ax, bx):
+        a.set_xticks(sorted({r.ranks for r in rows}))
         a.grid(True, alpha=0.3)
         a.legend(fontsize=7)
     fig.tight_layout()
