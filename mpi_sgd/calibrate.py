@@ -8,7 +8,9 @@
   (p−1)/p·n at every p, so in their sweeps β and γ always appear in the ratio 2:1 and no fit
   can tell them apart.
 * **T_comp** is one training step (forward, backward, SGD step) of a model on one batch, timed
-  on every rank at once with each rank's share of the cores, as in training.
+  on every rank at once with each rank's share of the cores, as in training. The step is the
+  trainer's own (:meth:`mpi_sgd.trainer.Trainer._run_batch` on a one-rank communicator), so
+  T_comp is by construction the ``t_comp`` a training run reports.
 
 The fit weights each point by 1/t (it minimises relative error): sizes span six orders of
 magnitude, and an unweighted fit would let the largest messages decide α as well.
@@ -214,13 +216,14 @@ def measure_allreduce(comm, sizes: Sequence[int], rounds: int = 5, algorithm: st
     with ``comm.wtime()``; each rank keeps its median block and min/avg/max across ranks are
     recorded (:func:`mpi_sgd.bench.timing.time_interleaved`).
     """
-    import torch
-
     from .bench.timing import time_interleaved
+    from .comm.buffers import zeros
 
     points = []
     for nbytes in sizes:
-        buf = torch.zeros(max(1, nbytes // 4))  # zeros: sums stay finite however often we add
+        # zeros: sums stay finite however often we add; allocated as the trainer allocates its
+        # gradient buffers (huge pages from 4 MiB), or the fit prices memory training never uses
+        buf = zeros(max(1, nbytes // 4))
         iters = _iterations(nbytes)
         st = time_interleaved(comm, {"seam": lambda buf=buf: comm.allreduce(buf)}, iters, max(2, iters // 10), rounds)
         st = st["seam"]
@@ -263,24 +266,40 @@ def mlp(sizes: Sequence[int] = (784, 1024, 1024, 10)):
 
 
 def measure_step(
-    model, batch: int, in_features: int, classes: int, warmup: int = 5, iterations: int = 20, name: str = ""
+    model,
+    batch: int,
+    in_features: int,
+    classes: int,
+    warmup: int = 5,
+    iterations: int = 20,
+    name: str = "",
+    strategy: str = "flat",
 ) -> StepTiming:
-    """Median seconds of one SGD step (forward, backward, momentum update) on random data."""
+    """Median seconds of the trainer's step (forward, backward, SGD with momentum) on random data.
+
+    It runs :class:`mpi_sgd.trainer.Trainer`'s own step with gradients laid out as ``strategy``
+    lays them out, on a one-rank communicator: the figure is the ``t_comp`` training reports, not
+    a look-alike loop's. The layout matters: flat and bucketed gradients live in a buffer that is
+    zeroed and accumulated into every step, about 0.5 ms for 7.5 MB that a loop which lets
+    autograd hand over fresh gradients would not pay.
+    """
     import torch
 
-    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    x, y = torch.randn(batch, in_features), torch.randint(0, classes, (batch,))
-    loss_fn = torch.nn.CrossEntropyLoss()
-    samples = []
-    for i in range(warmup + iterations):
-        t0 = time.perf_counter()
-        opt.zero_grad()
-        loss_fn(model(x), y).backward()
-        opt.step()
-        if i >= warmup:
-            samples.append(time.perf_counter() - t0)
+    from .comm.local import LocalComm
+    from .config import TrainConfig
+    from .data import Dataset
+    from .gradsync import make
+    from .trainer import Trainer, make_optimizer
+
+    comm = LocalComm()
+    cfg = TrainConfig(batch_size=batch, strategy=strategy, progress=False)
+    data = Dataset(torch.randn(batch, in_features), torch.randint(0, classes, (batch,)), "random")
+    sync = make(strategy, model, comm, cfg.bucket_mb)
+    trainer = Trainer(model, make_optimizer(cfg, model), sync, data, comm, cfg)
+    for _ in range(warmup + iterations):
+        trainer._run_batch(data.x, data.y)
     params = sum(p.numel() for p in model.parameters())
-    return StepTiming(statistics.median(samples), batch, params, name, torch.get_num_threads())
+    return StepTiming(statistics.median(trainer.t_comp[warmup:]), batch, params, name, torch.get_num_threads())
 
 
 def calibrate(
@@ -289,6 +308,7 @@ def calibrate(
     layers: Sequence[int] = (784, 1024, 1024, 10),
     batch: int = 64,
     algorithm: str = "ring",
+    strategy: str = "flat",
 ) -> Calibration:
     """Measure T_comp on every rank (the slowest sets the pace) and, at two or more ranks, α, β, γ.
 
@@ -301,7 +321,8 @@ def calibrate(
 
     pin_threads(comm.local_size)
     torch.manual_seed(0)
-    step = measure_step(mlp(layers), batch, layers[0], layers[-1], name="mlp " + "-".join(map(str, layers)))
+    model_name = "mlp " + "-".join(map(str, layers))
+    step = measure_step(mlp(layers), batch, layers[0], layers[-1], name=model_name, strategy=strategy)
     slowest = max(comm.allgather_obj(step.seconds))
     step = StepTiming(slowest, step.batch, step.params, step.model, step.torch_threads)
     # Every rank must fit with the same γ to end with the same network; ranks reduce concurrently in
@@ -318,6 +339,7 @@ def calibrate(
         "ranks": comm.size,
         "local_ranks": comm.local_size,
         "backend": comm.backend,
+        "strategy": strategy,  # the gradient layout T_comp was timed with
         "mpi": _mpi_library(),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
@@ -342,6 +364,7 @@ def run_calibration(
     algorithm: str = "ring",
     need_network: bool = True,
     spawn_ranks: int = 2,
+    strategy: str = "flat",
 ) -> Calibration | None:
     """Calibrate from wherever this is called; the root gets the result, other ranks ``None``.
 
@@ -358,7 +381,8 @@ def run_calibration(
         from .launch import mpiexec_command
 
         out = Path(save) if save else Path(tempfile.mkdtemp()) / "calibration.json"
-        flags = ["--max-bytes", str(max_bytes), "--layers", ",".join(map(str, layers)), "--batch", str(batch)]
+        flags = ["--max-bytes", str(max_bytes), "--layers", ",".join(map(str, layers)), "--batch", str(batch),
+                 "--strategy", strategy]  # fmt: skip
         cmd, env = mpiexec_command(spawn_ranks, "-m", "mpi_sgd.calibrate", "--save", str(out), *flags,
                                    "--algorithm", algorithm)  # fmt: skip
         done = subprocess.run(cmd, env=env, capture_output=True, text=True)
@@ -368,7 +392,7 @@ def run_calibration(
     from .comm import init
 
     comm = init("mpi4py")
-    cal = calibrate(comm, sweep_sizes(max_bytes=max_bytes), layers, batch, algorithm)
+    cal = calibrate(comm, sweep_sizes(max_bytes=max_bytes), layers, batch, algorithm, strategy)
     if not comm.is_root:
         return None
     if save:
@@ -386,8 +410,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--layers", type=positive_ints, default=[784, 1024, 1024, 10], help="MLP widths to time")
     parser.add_argument("--batch", type=positive_int, default=64, help="per-rank batch for T_comp (default 64)")
     parser.add_argument("--algorithm", choices=ALLREDUCE_ALGORITHMS, default="ring", help="cost formula to fit")
+    parser.add_argument(
+        "--strategy",
+        choices=("naive", "flat", "bucketed"),
+        default="flat",
+        help="gradient layout T_comp is timed with, as sync_sgd's --strategy (default flat)",
+    )
     args = parser.parse_args(argv)
-    cal = run_calibration(args.save, args.max_bytes, args.layers, args.batch, args.algorithm, need_network=False)
+    cal = run_calibration(args.save, args.max_bytes, args.layers, args.batch, args.algorithm, need_network=False,
+                          strategy=args.strategy)  # fmt: skip
     if cal is not None:
         print(f"{cal.meta['ranks']} rank(s): T_comp {cal.step.seconds * 1e3:.3f} ms; {cal.network.describe()}")
     return 0

@@ -1,0 +1,264 @@
+"""Validate the speedup model: predicted vs measured sync_sgd step time, and the break-even line.
+
+    mpi-sgd bench validate                          # per-rank batches 1 and 512 at R = 1, 2, 4
+    mpi-sgd bench validate --batches 2,512 --steps 60
+
+One process that launches its own MPI jobs, for each configuration (a per-rank batch B):
+
+1. **Calibrate** (``python -m mpi_sgd.calibrate``), apart from the runs it predicts: at every R,
+   T_comp(R), the trainer's step at batch B timed with R ranks stepping at once; at R = 2 also
+   α, β, γ, fitted to an all-reduce sweep through the communicator seam.
+2. **Measure** ``examples/sync_sgd.py --model mlp --dataset blobs --strategy flat`` at each R: the
+   784-1024-1024-10 MLP the calibration times, with gradients in one flat buffer all-reduced
+   after backward (no overlap). The measured step is, per step, the slowest rank's t_comp +
+   t_sync, then the median over the steps after warm-up (the mean goes to the JSON too).
+3. **Predict** with :mod:`mpi_sgd.perfmodel`, weak scaling (per-rank batch fixed)::
+
+       T_step(R)  = T_comp(R) + T_sync(R),     T_sync(1) = 0
+       T_sync(R)  = 2(R−1)α + 2(R−1)/R·nβ + (R−1)/R·nγ    (ring all-reduce of n = 4·P gradient bytes)
+       speedup(R) = R · T_step(1) / T_step(R)              (predicted and measured alike)
+
+   and distribution pays where speedup > 1. On separate nodes T_comp(R) = T_comp(1) and this is
+   [S-SGD]'s test T_sync/T_comp < R − 1; ranks sharing one machine slow each other down
+   (memory bandwidth, shared cores), which is why T_comp is calibrated at each R.
+
+Threads: every launched job runs with ``OMP_NUM_THREADS=1``, one core per rank as on separate
+nodes. On a two-core machine R = 2 then uses both cores and R = 4 is oversubscribed: R = 4 is
+reported, never targeted. Transport: for the same reason ranks talk over TCP by default
+(``--transport tcp``: MPICH's ``MPIR_CVAR_NOLOCAL=1`` with ``UCX_TLS=tcp``; other MPI libraries
+ignore both), not through shared memory, which no two nodes have; the calibration and the runs
+use the same transport. Through shared memory (``--transport shm``) the 7.5 MB all-reduce costs
+well under the one-core step of this MLP at any batch, so every configuration pays at R = 2.
+
+Targets: |error| <= 10% at R = 1 and 2, and the measured speedup below 1 exactly where the
+predicted one is, with one configuration on each side. A miss is printed as a miss.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from ..args import nbytes, positive_int, rank_list
+from ..launch import mpiexec_command, placement
+from .report import add_output_arguments, markdown_table, new_figure, save_results
+
+LAYERS = (784, 1024, 1024, 10)  # what build_model("mlp") makes for blobs: 784 features, 10 classes
+BLOBS = 4096  # samples in the blobs dataset
+TARGETED = (1, 2)  # world sizes the accuracy target applies to; larger ones oversubscribe here
+TOLERANCE = 0.10
+# MPICH: treat every rank as on another node; UCX (MPICH's default netmod): move bytes over TCP.
+TRANSPORTS = {"tcp": {"MPIR_CVAR_NOLOCAL": "1", "UCX_TLS": "tcp"}, "shm": {}}
+HEADERS = ("config", "R", "pred step (ms)", "meas step (ms)", "error %", "pred T_sync/T_comp",
+           "pred speedup", "meas speedup", "pred pays?", "meas pays?")  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Row:
+    """One configuration at one R: the model's inputs, its prediction and the measurement."""
+
+    batch: int
+    ranks: int
+    t_comp: float  # calibrated, R ranks stepping at once
+    t_sync: float  # predicted all-reduce of the gradients
+    measured: float  # seconds per step
+    pred_speedup: float
+    meas_speedup: float
+
+    def __post_init__(self):
+        if self.batch < 1 or self.ranks < 1 or not (self.t_comp > 0 and self.t_sync >= 0 and self.measured > 0):
+            raise ValueError(f"not a validation row: {self}")
+
+    @property
+    def t_step(self) -> float:
+        return self.t_comp + self.t_sync
+
+    @property
+    def error(self) -> float:
+        """(predicted − measured) / measured: positive when the model is pessimistic."""
+        return self.t_step / self.measured - 1
+
+    @property
+    def pred_pays(self) -> bool:
+        return self.ranks > 1 and self.pred_speedup > 1
+
+    @property
+    def meas_pays(self) -> bool:
+        return self.ranks > 1 and self.meas_speedup > 1
+
+
+def assemble(batch: int, t_comp: Mapping[int, float], sync: Callable[[int], float], measured: Mapping[int, float]):
+    """Rows for every R in ``measured``; R = 1 must be there, since both speedups are against it."""
+    if 1 not in measured or 1 not in t_comp:
+        raise ValueError("speedup is relative to one rank: R = 1 must be calibrated and measured")
+    pred_1 = t_comp[1] + sync(1)
+    return [Row(batch, r, t_comp[r], sync(r), measured[r], r * pred_1 / (t_comp[r] + sync(r)),
+                r * measured[1] / measured[r]) for r in sorted(measured)]  # fmt: skip
+
+
+def verdicts(rows: Sequence[Row], tolerance: float = TOLERANCE, targeted: Sequence[int] = TARGETED) -> list[str]:
+    """One line per target, each starting 'met' or 'MISSED'; untargeted R are named, not judged."""
+    aimed = [r for r in rows if r.ranks in targeted]
+    off = [f"B={r.batch} R={r.ranks} {100 * r.error:+.1f}%" for r in aimed if abs(r.error) > tolerance]
+    lines = [f"{'MISSED' if off else 'met'}: |error| <= {100 * tolerance:.0f}% at R = "
+             f"{', '.join(map(str, targeted))}" + (f" (outside: {'; '.join(off)})" if off else "")]  # fmt: skip
+    multi = [r for r in aimed if r.ranks > 1]
+    wrong = [f"B={r.batch} R={r.ranks}" for r in multi if r.pred_pays != r.meas_pays]
+    sides = {r.pred_pays for r in multi}
+    if wrong:
+        lines.append(f"MISSED: speedup < 1 exactly where predicted (wrong side: {'; '.join(wrong)})")
+    elif len(sides) < 2:
+        side = "paying" if sides == {True} else "losing"
+        lines.append(f"MISSED: a configuration on each side of break-even (all predicted on the {side} side)")
+    else:
+        lines.append("met: speedup < 1 exactly where predicted, with configurations on both sides")
+    rest = [r for r in rows if r.ranks not in targeted]
+    if rest:
+        worst = max(rest, key=lambda r: abs(r.error))
+        agree = sum(r.pred_pays == r.meas_pays for r in rest)
+        lines.append(f"reported, not targeted: R = {', '.join(sorted({str(r.ranks) for r in rest}))} "
+                     f"(worst error B={worst.batch} R={worst.ranks} {100 * worst.error:+.1f}%; "
+                     f"pays? agrees in {agree} of {len(rest)})")  # fmt: skip
+    return lines
+
+
+def table(rows: Sequence[Row]) -> str:
+    def yes(flag: bool, r: Row) -> str:
+        return "baseline" if r.ranks == 1 else ("yes" if flag else "no")
+
+    body = [(f"B={r.batch}", r.ranks, f"{1e3 * r.t_step:.2f}", f"{1e3 * r.measured:.2f}", f"{100 * r.error:+.1f}",
+             f"{r.t_sync / r.t_comp:.3f}", f"{r.pred_speedup:.2f}", f"{r.meas_speedup:.2f}", yes(r.pred_pays, r),
+             yes(r.meas_pays, r)) for r in rows]  # fmt: skip
+    return markdown_table(HEADERS, body)
+
+
+def step_seconds(metrics: dict) -> tuple[float, float]:
+    """(median, mean) over the steps after warm-up of the slowest rank's t_comp + t_sync."""
+    per_rank = [[c + s for c, s in zip(comp, sync, strict=True)]
+                for comp, sync in zip(metrics["t_comp"], metrics["t_sync"], strict=True)]  # fmt: skip
+    slowest = [max(step) for step in zip(*per_rank, strict=True)]
+    kept = slowest[metrics["warmup_steps"] :] or slowest
+    return statistics.median(kept), statistics.fmean(kept)
+
+
+# -- launching the jobs -----------------------------------------------------------------------
+def _run(ranks: int, transport: str, *argv: str) -> None:
+    cmd, env = mpiexec_command(ranks, *argv)
+    extra = {"OMP_NUM_THREADS": "1", **TRANSPORTS[transport]}  # as on separate nodes; see the docstring
+    env.update(extra)
+    print(f"$ {' '.join(f'{k}={v}' for k, v in extra.items())} {' '.join(cmd)}", flush=True)
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"mpiexec -n {ranks} failed (exit {done.returncode}):\n{done.stdout}{done.stderr}")
+
+
+def calibrate(batch: int, ranks: int, args):
+    """T_comp at ``batch`` with ``ranks`` ranks at once, and α, β, γ when ``ranks`` is 2."""
+    from ..calibrate import Calibration
+
+    path = args.out_dir / f"calibration-b{batch}-n{ranks}.json"
+    # The network comes from the 2-rank job only; elsewhere the smallest sweep (two sizes, as the fit
+    # needs) keeps the job short.
+    sweep = args.max_bytes if ranks == 2 else 16
+    layers = ",".join(map(str, LAYERS))
+    _run(ranks, args.transport, "-m", "mpi_sgd.calibrate", "--save", str(path), "--layers", layers,
+         "--batch", str(batch), "--max-bytes", str(sweep), "--strategy", "flat")  # fmt: skip
+    return Calibration.load(path)
+
+
+def measure(batch: int, ranks: int, args) -> dict:
+    path = args.out_dir / f"sync_sgd-b{batch}-n{ranks}.json"
+    script = Path(__file__).resolve().parents[2] / "examples" / "sync_sgd.py"
+    _run(ranks, args.transport, str(script), "--model", "mlp", "--dataset", "blobs", "--strategy", "flat",
+         "--batch-size", str(batch), "--max-steps", str(args.steps), "--epochs", str(10**6), "--no-progress",
+         "--metrics-json", str(path))  # fmt: skip
+    return json.loads(path.read_text())
+
+
+def validate(args) -> tuple[list[Row], dict]:
+    from ..perfmodel import AllreduceSync
+
+    rows, raw = [], {}
+    for b in args.batches:
+        cals = {r: calibrate(b, r, args) for r in args.ranks}
+        sync = AllreduceSync(cals[2].network, cals[2].step.grad_bytes, cals[2].algorithm)
+        runs = {r: measure(b, r, args) for r in args.ranks}
+        stats = {r: step_seconds(m) for r, m in runs.items()}
+        rows += assemble(b, {r: c.step.seconds for r, c in cals.items()}, sync, {r: s[0] for r, s in stats.items()})
+        raw[f"B={b}"] = {"network": asdict(cals[2].network), "grad_bytes": sync.nbytes,
+                         "mean_step_s": {r: s[1] for r, s in stats.items()},
+                         "summary": {r: m["summary"] for r, m in runs.items()}}  # fmt: skip
+    return rows, raw
+
+
+def plot(rows: Sequence[Row], path: Path) -> None:
+    fig, (ax, bx) = new_figure(1, 2, figsize=(10, 4))
+    for b in sorted({r.batch for r in rows}):
+        mine = [r for r in rows if r.batch == b]
+        ranks = [r.ranks for r in mine]
+        line = ax.plot(ranks, [1e3 * r.t_step for r in mine], "o--", label=f"B={b} predicted")[0]
+        ax.plot(ranks, [1e3 * r.measured for r in mine], "s-", color=line.get_color(), label=f"B={b} measured")
+        bx.plot(ranks, [r.pred_speedup for r in mine], "o--", color=line.get_color(), label=f"B={b} predicted")
+        bx.plot(ranks, [r.meas_speedup for r in mine], "s-", color=line.get_color(), label=f"B={b} measured")
+    ax.set(xlabel="ranks R", ylabel="step time (ms)", yscale="log", title="sync_sgd step, flat all-reduce")
+    bx.axhline(1.0, color="red", lw=1, label="break-even")
+    bx.set(xlabel="ranks R", ylabel="speedup over 1 rank", title="weak scaling")
+    for a in (ax, bx):
+        a.set_xticks(sorted({r.ranks for r in rows}))
+        a.grid(True, alpha=0.3)
+        a.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(args) -> int:
+    if not set(TARGETED) <= set(args.ranks):
+        args.parser.error(f"--ranks must include {' and '.join(map(str, TARGETED))}, got {args.ranks}")
+    if args.steps < 2 * 5 + 1:  # the trainer discards 5 warm-up steps; keep more than that to time
+        args.parser.error(f"--steps must be at least 11, got {args.steps}")
+    if max(args.batches) * max(args.ranks) > BLOBS:
+        args.parser.error(f"one step of R x B samples must fit in blobs' {BLOBS}: lower --batches or --ranks")
+    if placement().size > 1:
+        args.parser.error("run as one process (mpi-sgd bench validate): it launches its own mpiexec jobs")
+    args.out_dir = Path(args.out_dir)
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        rows, raw = validate(args)
+    except RuntimeError as e:
+        print(e, file=sys.stderr)
+        return 1
+    lines = verdicts(rows)
+    print("\n" + table(rows) + "\n\n" + "\n".join(lines))
+    rows_json = [asdict(r) | {"t_step": r.t_step, "error": r.error} for r in rows]
+    payload = {
+        "benchmark": "validate",
+        "transport": args.transport,
+        "tolerance": TOLERANCE,
+        "rows": rows_json,
+        "verdicts": lines,
+        "runs": raw,
+    }
+    save_results(args, "validate", payload, lambda png: plot(rows, png))
+    return 0
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser("validate", help="predicted vs measured sync_sgd step time at R = 1, 2 (4 reported)",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p.add_argument("--batches", type=rank_list, default=[1, 512],
+                   help="per-rank batches, one configuration each: a small one the model says will not pay at "
+                   "R = 2 and a large one it says will (default 1,512; at most 1024 for R = 4)")  # fmt: skip
+    p.add_argument("--ranks", type=rank_list, default=[1, 2, 4], help="world sizes, 1 and 2 included (default 1,2,4)")
+    p.add_argument("--steps", type=positive_int, default=40, help="training steps per run, 5 of them warm-up (40)")
+    p.add_argument("--max-bytes", type=nbytes, default=16 << 20, help="largest all-reduce in the calibration sweep "
+                   "(default 16MiB, above the MLP's 7.5 MB of gradients)")  # fmt: skip
+    p.add_argument("--transport", choices=tuple(TRANSPORTS), default="tcp",
+                   help="how ranks talk: tcp as between nodes, or shm, shared memory (default tcp)")  # fmt: skip
+    add_output_arguments(p)  # each job's own JSON lands there too
+    p.set_defaults(func=main, parser=p)

@@ -1,0 +1,76 @@
+"""The pure parts of ``mpi-sgd bench validate``: prediction assembly, the measured step, the verdicts."""
+
+import pytest
+
+from mpi_sgd import perfmodel as pm
+from mpi_sgd.bench import validate
+
+
+def test_assemble_is_the_weak_scaling_model():
+    # T_comp 2 ms alone, 3 ms with two ranks at once; the all-reduce 1 ms at R = 2, nothing at R = 1.
+    rows = validate.assemble(4, {1: 2e-3, 2: 3e-3}, pm.FixedSync(1e-3), {1: 2e-3, 2: 5e-3})
+    one, two = rows
+    assert (one.t_step, two.t_step) == (pytest.approx(2e-3), pytest.approx(4e-3))
+    assert two.pred_speedup == pytest.approx(2 * 2e-3 / 4e-3)  # exactly break-even: does not pay
+    assert two.meas_speedup == pytest.approx(2 * 2e-3 / 5e-3)
+    assert not two.pred_pays and not two.meas_pays and not one.pred_pays
+    assert two.error == pytest.approx(4 / 5 - 1)  # negative: the model was optimistic
+
+
+def test_assemble_with_the_allreduce_cost_and_without_one_rank():
+    net = pm.Network(1e-6, 1e-9, 0.0)
+    sync = pm.AllreduceSync(net, 8 << 20)
+    rows = validate.assemble(256, {1: 0.05, 2: 0.05}, sync, {1: 0.05, 2: 0.06})
+    assert rows[0].t_sync == 0 and rows[1].t_sync == pytest.approx(net.time(pm.ring_allreduce(8 << 20, 2)))
+    assert rows[1].pred_pays
+    with pytest.raises(ValueError, match="R = 1"):
+        validate.assemble(1, {2: 1.0}, sync, {2: 1.0})
+
+
+def _row(batch, ranks, pred, meas, pred_speedup, meas_speedup):
+    return validate.Row(batch, ranks, pred, 0.0, meas, pred_speedup, meas_speedup)
+
+
+def test_verdicts_met():
+    rows = [_row(1, 1, 1.0, 1.05, 1, 1), _row(1, 2, 2.5, 2.4, 0.8, 0.85),
+            _row(512, 1, 1.0, 0.95, 1, 1), _row(512, 2, 1.08, 1.0, 1.8, 1.9)]  # fmt: skip
+    lines = validate.verdicts(rows)
+    assert [line.split(":")[0] for line in lines] == ["met", "met"]
+
+
+def test_verdicts_print_every_miss_and_judge_only_targeted_ranks():
+    rows = [_row(1, 1, 1.0, 1.5, 1, 1), _row(1, 2, 2.5, 2.4, 0.8, 1.2), _row(512, 1, 1.0, 1.0, 1, 1),
+            _row(512, 2, 1.05, 1.0, 1.8, 1.9), _row(512, 4, 1.0, 3.0, 3.0, 1.2)]  # fmt: skip
+    accuracy, side, untargeted = validate.verdicts(rows)
+    assert accuracy.startswith("MISSED") and "B=1 R=1 -33.3%" in accuracy and "R=4" not in accuracy
+    assert side.startswith("MISSED") and "wrong side: B=1 R=2" in side
+    assert untargeted.startswith("reported, not targeted: R = 4") and "-66.7%" in untargeted
+
+
+def test_verdicts_want_one_configuration_on_each_side():
+    rows = [_row(1, 1, 1.0, 1.0, 1, 1), _row(1, 2, 1.5, 1.5, 1.3, 1.3)]
+    assert validate.verdicts(rows)[1] == (
+        "MISSED: a configuration on each side of break-even (all predicted on the paying side)"
+    )
+
+
+def test_row_rejects_nonsense():
+    with pytest.raises(ValueError):
+        _row(1, 2, 1.0, 0.0, 1.0, 1.0)
+
+
+def test_measured_step_is_the_slowest_rank_per_step_after_warm_up():
+    metrics = {"warmup_steps": 1, "t_comp": [[9.0, 1.0, 1.0, 2.0], [9.0, 2.0, 1.0, 1.0]],
+               "t_sync": [[9.0, 1.0, 1.0, 0.5], [9.0, 0.0, 0.5, 0.5]]}  # fmt: skip
+    median, mean = validate.step_seconds(metrics)  # per step: 18 (warm-up), 2, 2, 2.5
+    assert median == 2.0 and mean == pytest.approx(6.5 / 3)
+
+
+def test_parser_errors_exit_2(capsys):
+    from mpi_sgd.cli import main
+
+    for argv in (["--ranks", "2,4"], ["--steps", "5"], ["--batches", "2048"]):
+        with pytest.raises(SystemExit) as e:
+            main(["bench", "validate", *argv])
+        assert e.value.code == 2
+    assert "--ranks must include 1 and 2" in capsys.readouterr().err
