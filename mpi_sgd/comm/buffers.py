@@ -1,14 +1,13 @@
 """Turning torch tensors and numpy arrays into memory MPI can read, without copying.
 
 A contiguous CPU tensor and its ``.numpy()`` view share storage, so handing the view to
-mpi4py's buffer methods is zero-copy. ``.numpy()`` costs under a microsecond; passing the
-tensor itself goes through DLPack in mpi4py and measured about 14 us more per call here, which
-is why the fast path below is the view.
+mpi4py's buffer methods is zero-copy. (The mpi4py backend names a plain tensor's memory more
+directly still, see :func:`mpi_sgd.comm.mpi._spec`, and comes here for everything else; passing
+the tensor itself would go through DLPack in mpi4py, about 14 us more per call here.)
 
-The fast path does no checks of its own: ``.numpy()`` already refuses CUDA tensors and dtypes
-numpy lacks (bfloat16), and mpi4py refuses non-contiguous arrays. Only when one of those
-refuses do we work out *why* and raise a :class:`CommError` that says what to do instead, so
-validation costs nothing on the calls that succeed.
+:func:`as_array` does no checks of its own on the way through: ``.numpy()`` already refuses
+CUDA tensors, tensors that require grad and dtypes numpy lacks (bfloat16). Only when something
+refuses do we work out *why* and raise a :class:`CommError` that says what to do instead.
 """
 
 from __future__ import annotations

@@ -1,8 +1,10 @@
-"""The default backend: mpi4py's buffer methods on numpy views of torch tensors.
+"""The default backend: mpi4py's buffer methods on the tensors' own memory.
 
-Every call hands MPI the tensor's own memory (see :mod:`mpi_sgd.comm.buffers`), so an
-all-reduce here costs what ``comm.Allreduce(MPI.IN_PLACE, array)`` costs plus the view.
-"avg" is MPI's SUM followed by an in-place division, since MPI has no average op.
+A contiguous CPU tensor goes to MPI as (address, count, MPI datatype), which mpi4py takes as it
+is: 0.6 us a call here, against 1.3 us through a ``.numpy()`` view and 14 us through DLPack.
+Everything else (numpy arrays; tensors that fail a check, which then get the error that says
+why) goes through :func:`mpi_sgd.comm.buffers.as_array`. "avg" is MPI's SUM followed by an
+in-place division, since MPI has no average op.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+import torch
 from mpi4py import MPI
 
 from ..launch import env_flag
@@ -17,6 +20,39 @@ from .base import CollectiveMismatchError, Communicator, Request, check_op, spli
 from .buffers import as_array, signature
 
 _MPI_OPS = {"sum": MPI.SUM, "avg": MPI.SUM, "min": MPI.MIN, "max": MPI.MAX, "prod": MPI.PROD}
+
+
+def _mpi_types() -> dict:
+    """torch dtype -> MPI datatype, for the dtypes this MPI library has (the numpy path's mapping)."""
+    out = {}
+    for dtype in (torch.float32, torch.float64, torch.float16, torch.int8, torch.uint8, torch.int16, torch.int32,
+                  torch.int64, torch.bool, torch.complex64, torch.complex128):  # fmt: skip
+        try:
+            out[dtype] = MPI.Datatype.fromcode(torch.empty(0, dtype=dtype).numpy().dtype.char)
+        except (KeyError, ValueError):
+            pass  # not in this MPI (float16 in some): such tensors get as_array's explanation
+    return out
+
+
+_TORCH_TO_MPI = _mpi_types()
+_fromaddress = MPI.buffer.fromaddress
+
+
+def _spec(buf):
+    """What mpi4py's buffer methods take for ``buf``, sharing its memory.
+
+    The fast path checks exactly what ``as_array`` would (a plain CPU tensor, contiguous, not
+    requiring grad, of a dtype MPI has) and then names the memory directly. The buffer object
+    holds no reference to the tensor, so non-blocking calls keep ``buf`` in their Request.
+    """
+    if type(buf) is torch.Tensor:  # exactly: a Parameter takes the checked path (it requires grad)
+        mpitype = _TORCH_TO_MPI.get(buf.dtype)
+        if mpitype is not None and buf.is_cpu and not buf.requires_grad and buf.is_contiguous():
+            # No count: mpi4py derives it from the byte length, and for the gathered side of
+            # gather/allgather (the scattered side of scatter) splits it over the ranks, as it
+            # does for arrays. An explicit count there would mean "per rank".
+            return [_fromaddress(buf.data_ptr(), buf.numel() * buf.element_size()), mpitype]
+    return as_array(buf)
 
 
 def _mpi_op(op: str):
@@ -63,67 +99,62 @@ class MPIComm(Communicator):
 
     # -- point to point -------------------------------------------------------------------
     def send(self, buf, dest, tag=0):
-        self.comm.Send(as_array(buf), dest, tag)
+        self.comm.Send(_spec(buf), dest, tag)
 
     def recv(self, buf, source, tag=0):
-        self.comm.Recv(as_array(buf), source, tag)
+        self.comm.Recv(_spec(buf), source, tag)
         return buf
 
     def isend(self, buf, dest, tag=0):
-        arr = as_array(buf)
-        return Request(self.comm.Isend(arr, dest, tag), _wait, _test, keep=arr)
+        return Request(self.comm.Isend(_spec(buf), dest, tag), _wait, _test, keep=buf)
 
     def irecv(self, buf, source, tag=0):
-        arr = as_array(buf)
-        return Request(self.comm.Irecv(arr, source, tag), _wait, _test, keep=arr)
+        return Request(self.comm.Irecv(_spec(buf), source, tag), _wait, _test, keep=buf)
 
     # -- collectives ----------------------------------------------------------------------
     def allreduce(self, buf, op="sum"):
-        arr = as_array(buf)
         if op == "avg":
-            _check_avg(arr)
-            self.comm.Allreduce(MPI.IN_PLACE, arr, MPI.SUM)
-            _divide(arr, self.size)
+            _check_avg(buf)
+            self.comm.Allreduce(MPI.IN_PLACE, _spec(buf), MPI.SUM)
+            buf /= self.size
         else:
-            self.comm.Allreduce(MPI.IN_PLACE, arr, _mpi_op(op))
+            self.comm.Allreduce(MPI.IN_PLACE, _spec(buf), _mpi_op(op))
         return buf
 
     def iallreduce(self, buf, op="sum"):
-        arr = as_array(buf)
         finish = None
         if op == "avg":
-            _check_avg(arr)
-            finish = lambda: _divide(arr, self.size)  # noqa: E731
-        return Request(self.comm.Iallreduce(MPI.IN_PLACE, arr, _mpi_op(op)), _wait, _test, finish, keep=arr)
+            _check_avg(buf)
+            finish = lambda: buf.__itruediv__(self.size)  # noqa: E731
+        return Request(self.comm.Iallreduce(MPI.IN_PLACE, _spec(buf), _mpi_op(op)), _wait, _test, finish, keep=buf)
 
     def broadcast(self, buf, root=0):
-        self.comm.Bcast(as_array(buf), root)
+        self.comm.Bcast(_spec(buf), root)
         return buf
 
     def reduce(self, buf, op="sum", root=0):
-        arr = as_array(buf)
         if op == "avg":
-            _check_avg(arr)
+            _check_avg(buf)
         if self.rank == root:
-            self.comm.Reduce(MPI.IN_PLACE, arr, _mpi_op(op), root)
+            self.comm.Reduce(MPI.IN_PLACE, _spec(buf), _mpi_op(op), root)
             if op == "avg":
-                _divide(arr, self.size)
+                buf /= self.size
         else:
-            self.comm.Reduce(arr, None, _mpi_op(op), root)
+            self.comm.Reduce(_spec(buf), None, _mpi_op(op), root)
         return buf
 
     def gather(self, sendbuf, recvbuf=None, root=0):
-        recv = as_array(recvbuf) if self.rank == root else None
-        self.comm.Gather(as_array(sendbuf), recv, root)
+        recv = _spec(recvbuf) if self.rank == root else None
+        self.comm.Gather(_spec(sendbuf), recv, root)
         return recvbuf
 
     def allgather(self, sendbuf, recvbuf):
-        self.comm.Allgather(as_array(sendbuf), as_array(recvbuf))
+        self.comm.Allgather(_spec(sendbuf), _spec(recvbuf))
         return recvbuf
 
     def scatter(self, sendbuf, recvbuf, root=0):
-        send = as_array(sendbuf) if self.rank == root else None
-        self.comm.Scatter(send, as_array(recvbuf), root)
+        send = _spec(sendbuf) if self.rank == root else None
+        self.comm.Scatter(send, _spec(recvbuf), root)
         return recvbuf
 
     def reduce_scatter(self, sendbuf, recvbuf, counts: Sequence[int] | None = None, op="sum"):
@@ -133,7 +164,7 @@ class MPIComm(Communicator):
             _check_avg(recv)
         self.comm.Reduce_scatter(send, recv, counts, _mpi_op(op))
         if op == "avg":
-            _divide(recv, self.size)
+            recv /= self.size
         return recvbuf
 
     def barrier(self):
@@ -153,14 +184,12 @@ class MPIComm(Communicator):
         return self.comm.gather(obj, root)
 
 
-def _check_avg(arr: np.ndarray) -> None:
+def _check_avg(buf) -> None:
     # Checked before communicating, so a bad call leaves every buffer untouched.
-    if arr.dtype.kind not in "fc":
-        raise TypeError(f"op 'avg' needs a floating dtype, got {arr.dtype}; use 'sum' and divide yourself")
-
-
-def _divide(arr: np.ndarray, n: int) -> None:
-    arr /= n
+    dtype = buf.dtype
+    floating = dtype.is_floating_point if isinstance(dtype, torch.dtype) else np.dtype(dtype).kind in "fc"
+    if not floating:
+        raise TypeError(f"op 'avg' needs a floating dtype, got {dtype}; use 'sum' and divide yourself")
 
 
 # -- debug mode: agree on the call before making it ---------------------------------------

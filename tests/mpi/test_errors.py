@@ -82,3 +82,19 @@ def test_debug_mode_passes_agreeing_calls(world):
 def test_debug_off_binds_plain_methods(world):
     # "costs nothing when off": the instance carries no wrapper at all.
     assert "allreduce" not in vars(MPIComm(world.comm, debug=False))
+
+
+def test_parameter_rejected_but_its_data_accepted(mpicomm):
+    p = torch.nn.Parameter(torch.ones(3))
+    with pytest.raises(CommError, match="requires grad"):
+        mpicomm.allreduce(p)
+    mpicomm.allreduce(p.data)  # same memory, no autograd: the way to communicate weights
+    assert p.tolist() == [float(mpicomm.size)] * 3
+
+
+def test_fast_path_writes_into_the_tensor_itself(mpicomm):
+    x = torch.arange(6, dtype=torch.float64).reshape(2, 3)
+    before = x.data_ptr()
+    mpicomm.allreduce(x[1])  # a contiguous row: a view with an offset into x's storage
+    assert x.data_ptr() == before and x[0].tolist() == [0, 1, 2]
+    assert x[1].tolist() == [v * mpicomm.size for v in (3.0, 4.0, 5.0)]
