@@ -186,3 +186,19 @@ def test_mpiexec_command_drops_the_enclosing_job(monkeypatch):
 def test_measurements_are_validated(make):
     with pytest.raises(ValueError):
         make()
+
+
+def test_fit_takes_bandwidth_from_the_large_end():
+    # Two regimes, as MPI's eager and rendezvous protocols give: large messages pay 40% more per
+    # byte. One line through all sizes would follow the many small points; the fit must predict
+    # a gradient-sized all-reduce within a few percent and keep the small-message latency.
+    small, large = pm.Network(5e-6, 2e-10, 0.0), pm.Network(5e-6, 2.8e-10, 0.0)
+    points = []
+    for n in SIZES:
+        net = large if n >= 256 << 10 else small
+        t = net.time(pm.ring_allreduce(n, 2))
+        points.append(SweepPoint(n, 2, t, t, t, "ring"))
+    net = fit_network(points, gamma=0.0)
+    grad = 7_500_000
+    assert net.time(pm.ring_allreduce(grad, 2)) == pytest.approx(large.time(pm.ring_allreduce(grad, 2)), rel=0.03)
+    assert net.alpha == pytest.approx(5e-6, rel=0.1)
