@@ -393,19 +393,14 @@ def run_calibration(
     from .launch import placement
 
     if placement().size == 1 and need_network:
-        import subprocess
         import tempfile
 
-        from .launch import mpiexec_command
+        from .launch import run_job
 
         out = Path(save) if save else Path(tempfile.mkdtemp()) / "calibration.json"
         flags = ["--max-bytes", str(max_bytes), "--layers", ",".join(map(str, layers)), "--batch", str(batch),
                  "--strategy", strategy]  # fmt: skip
-        cmd, env = mpiexec_command(spawn_ranks, "-m", "mpi_sgd.calibrate", "--save", str(out), *flags,
-                                   "--algorithm", algorithm)  # fmt: skip
-        done = subprocess.run(cmd, env=env, capture_output=True, text=True)
-        if done.returncode != 0:
-            raise RuntimeError(f"{' '.join(cmd)} failed (exit {done.returncode}):\n{done.stdout}{done.stderr}")
+        run_job(spawn_ranks, "-m", "mpi_sgd.calibrate", "--save", str(out), *flags, "--algorithm", algorithm)
         return Calibration.load(out)
     from .comm import init
 

@@ -133,3 +133,29 @@ def mpiexec_command(ranks: int, *argv: str) -> tuple[list[str], dict[str, str]]:
         mpiexec = [beside or shutil.which("mpiexec") or "mpiexec"]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "HYDRA_", "OMPI_", "PMIX_"))}
     return [*mpiexec, "-n", str(ranks), sys.executable, *argv], env
+
+
+class JobFailed(RuntimeError):
+    """A job started by :func:`run_job` exited non-zero; the message carries its output."""
+
+    def __init__(self, cmd: list[str], returncode: int, output: str):
+        super().__init__(f"{' '.join(cmd)} failed (exit {returncode}):\n{output}")
+        self.returncode = returncode
+
+
+def run_job(ranks: int, *argv: str, env: dict[str, str] | None = None, echo: bool = False) -> None:
+    """Run ``ranks`` copies of this Python on ``argv`` (see :func:`mpiexec_command`) to the end.
+
+    ``env`` adds variables for the job; ``echo`` prints the command line first. Output is kept,
+    and shown only in the :class:`JobFailed` raised when the job fails.
+    """
+    import subprocess
+
+    cmd, job_env = mpiexec_command(ranks, *argv)
+    job_env.update(env or {})
+    if echo:
+        prefix = "".join(f"{k}={v} " for k, v in (env or {}).items())
+        print(f"$ {prefix}{' '.join(cmd)}", flush=True)
+    done = subprocess.run(cmd, env=job_env, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise JobFailed(cmd, done.returncode, done.stdout + done.stderr)

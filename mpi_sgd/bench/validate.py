@@ -39,14 +39,13 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ..args import nbytes, positive_int, rank_list
-from ..launch import mpiexec_command, placement
+from ..launch import placement, run_job
 from .report import add_output_arguments, markdown_table, new_figure, save_results
 
 LAYERS = (784, 1024, 1024, 10)  # what build_model("mlp") makes for blobs: 784 features, 10 classes
@@ -149,13 +148,8 @@ def step_seconds(metrics: dict) -> tuple[float, float]:
 
 # -- launching the jobs -----------------------------------------------------------------------
 def _run(ranks: int, transport: str, *argv: str) -> None:
-    cmd, env = mpiexec_command(ranks, *argv)
-    extra = {"OMP_NUM_THREADS": "1", **TRANSPORTS[transport]}  # as on separate nodes; see the docstring
-    env.update(extra)
-    print(f"$ {' '.join(f'{k}={v}' for k, v in extra.items())} {' '.join(cmd)}", flush=True)
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    if done.returncode != 0:
-        raise RuntimeError(f"mpiexec -n {ranks} failed (exit {done.returncode}):\n{done.stdout}{done.stderr}")
+    # One core per rank and the chosen transport, as on separate nodes; see the docstring.
+    run_job(ranks, *argv, env={"OMP_NUM_THREADS": "1", **TRANSPORTS[transport]}, echo=True)
 
 
 def calibrate(batch: int, ranks: int, args):

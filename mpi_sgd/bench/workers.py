@@ -22,12 +22,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 from ..args import nbytes, positive_int, rank_list
-from ..launch import mpiexec_command, placement
+from ..launch import JobFailed, placement, run_job
 from .report import add_output_arguments, human_bytes, markdown_table, new_figure, save_results, write_json
 
 SIZES = (10**6, 10**7, 10**8, 10**9)
@@ -124,13 +123,11 @@ def launch(args) -> int:
               "--warmup", str(args.warmup), "--iterations", str(args.iterations)]  # fmt: skip
     rows = []
     for w in args.workers:
-        cmd, env = mpiexec_command(w, "-m", "mpi_sgd.cli", "bench", "workers", *passed)
-        print(f"$ {' '.join(cmd)}", flush=True)
-        done = subprocess.run(cmd, env=env, capture_output=True, text=True)
-        if done.returncode != 0:
-            sys.stderr.write(done.stdout + done.stderr)
-            print(f"mpiexec -n {w} failed (exit {done.returncode})", file=sys.stderr)
-            return done.returncode or 1
+        try:
+            run_job(w, "-m", "mpi_sgd.cli", "bench", "workers", *passed, echo=True)
+        except JobFailed as e:
+            print(e, file=sys.stderr)
+            return e.returncode
         rows += json.loads(Path(args.out_dir, f"workers-n{w}.json").read_text())["rows"]
     print("\n" + table(rows))
     save_results(args, "workers-allreduce", {"benchmark": "workers", "rows": rows}, lambda png: plot(rows, png))

@@ -93,3 +93,14 @@ def test_bench_sgd_prints_ddp_bench_columns_and_sweeps_buckets(tmp_path):
             # blocked time is part of the step, never more than all of it
             assert 0 <= r["comm_s"] and 0 <= r["comm_frac"] <= 1 and r["step_std_s"] >= 0
     assert (tmp_path / "sgd-n2.png").stat().st_size > 1000
+
+
+def test_run_job_raises_with_the_jobs_output():
+    import pytest
+
+    from mpi_sgd.launch import JobFailed, run_job
+
+    run_job(2, "-c", "print('fine')")
+    with pytest.raises(JobFailed, match="exit 3") as err:
+        run_job(1, "-c", "import sys; print('said why'); sys.exit(3)")
+    assert err.value.returncode == 3 and "said why" in str(err.value)
