@@ -7,6 +7,7 @@ puts a timeout on every launch, so a hang fails the test instead of stalling the
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 
@@ -21,10 +22,16 @@ def launch(n: int, *args: str, check: bool = True):
     return run_mpi(n, *args, env=ENV, check=check)
 
 
+MIN_TESTS = 12  # tests/mpi/test_sync_sgd.py: equivalence x strategies x optimizers, accumulation, resume
+
+
 def test_equivalence_at_four_ranks():
     """The tests/mpi body at R = 4 (make test covers 1, 2, 3); 4 ranks on 2 cores is fine."""
     test_file = str(ROOT / "tests" / "mpi" / "test_sync_sgd.py")
-    launch(4, "-m", "mpi4py", "-m", "pytest", "--with-mpi", "-x", "-q", "-p", "no:cacheprovider", test_file)
+    out = launch(4, "-m", "mpi4py", "-m", "pytest", "--with-mpi", "-x", "-q", "-p", "no:cacheprovider", test_file)
+    # Every rank must have run the equivalence tests, not skipped them (pytest exits 0 either way).
+    ran = [int(n) for n in re.findall(r"(\d+) passed", out.stdout)]
+    assert len(ran) == 4 and min(ran) >= MIN_TESTS, out.stdout[-2000:]
 
 
 def test_demo_trains_and_writes_metrics(tmp_path):
