@@ -1,0 +1,241 @@
+"""Completing MPI requests behind torch's back: a progress thread per process.
+
+MPICH and Open MPI (without their own progress threads) move a non-blocking operation along only
+while some thread of the process is inside an MPI call. :class:`~mpi_sgd.gradsync.BucketedAllReduce`
+polls from its own autograd hooks and then waits. A torch process group cannot: DDP starts each
+bucket's all-reduce from C++, takes the work's future, and at the end of backward waits on those
+futures in C++, where no Python of ours runs. Completing the future inside ``get_future()`` (the
+simplest thing) makes backward stop at every bucket until its all-reduce is done: DDP's buckets
+are serialised. So another thread has to sit in MPI while the caller computes:
+
+* The *waiter* thread takes the oldest pending work and blocks in ``MPI_Waitall`` on its requests,
+  then runs its finishing step (the division of an average, say) and completes its future, which
+  is what DDP waits on; then the next. Works complete in the order they started, as DDP's buckets
+  and most programs expect. Any thread inside MPI advances every outstanding operation, so later
+  works move on meanwhile.
+* ``MPI_Waitall`` rather than ``MPI_Waitsome`` over all pending requests plus a wake-up request:
+  under ``MPI_THREAD_MULTIPLE`` MPICH's ``Waitsome`` gives up its lock and the CPU
+  (``sched_yield``) on every turn of its polling loop, and on a host with more runnable threads
+  than cores that made a 7.5 MB all-reduce two to three times slower than ``Wait``.
+* Blocking on the oldest work alone could deadlock a program whose older request (a receive,
+  say) completes only after it has acted on a newer one. The *sweeper* thread prevents that: while
+  the waiter is busy, it tests the newer works every :data:`SWEEP_S` seconds (``MPI_Testall``,
+  which only looks, since the waiter's ``Wait`` already advances them) and completes those that
+  are done. It sleeps when there is nothing to look at, and fails works older than their group's
+  timeout with an error naming the call and rank.
+* Each thread holds the GIL only between MPI calls (mpi4py releases it inside them), so Python on
+  the caller's thread is not slowed; but ``MPI_Waitall`` polls, so while anything is in flight the
+  waiter keeps one core busy. Where a core per rank is free, that is what makes the overlap real
+  (the all-reduce advances while backward computes); where ranks already fill every core, it
+  competes with compute while requests are in flight. MPICH's own progress thread
+  (``MPIR_CVAR_ASYNC_PROGRESS=1``) would spin for the whole life of the job instead.
+
+A request is completed by one thread only (MPI forbids two threads completing one request): a
+work is *claimed* by the waiter or the sweeper before either touches it. Both need
+``MPI_THREAD_MULTIPLE``, which mpi4py asks for by default.
+"""
+
+from __future__ import annotations
+
+import atexit
+import threading
+import time
+from collections.abc import Callable, Sequence
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from mpi4py import MPI
+
+SWEEP_S = 0.001  # how often the sweeper looks at works the waiter has not reached
+
+
+class MPIWork(dist.distributed_c10d.Work):
+    """A torch ``Work`` over MPI requests: ``wait()``, ``is_completed()``, ``get_future()``.
+
+    ``result`` (the tensors the call wrote) becomes the future's value; ``finish`` runs once the
+    requests are done and before anyone is told so; ``keep`` holds buffers MPI still reads or writes.
+    """
+
+    def __init__(self, name: str, requests: Sequence[MPI.Request], result: list, finish=None, keep=None,
+                 timeout: timedelta | None = None):  # fmt: skip
+        super().__init__()
+        self.name, self.requests, self._result = name, list(requests), result
+        self._finish, self._keep = finish, keep
+        self.statuses = [MPI.Status() for _ in self.requests]
+        self.timeout_s = timeout.total_seconds() if timeout else float("inf")
+        self.deadline = time.monotonic() + self.timeout_s
+        self.owner: str | None = None  # the thread allowed to complete the requests, once claimed
+        self._future = torch.futures.Future()
+        self._done = threading.Event()
+        self._settled = threading.Lock()
+        self._error: BaseException | None = None
+
+    def _resolve(self, error: BaseException | None) -> None:
+        """Run the finishing step and complete the future, exactly once."""
+        if not self._settled.acquire(blocking=False):
+            return  # already failed (past its deadline)
+        if error is None and self._finish is not None:
+            try:
+                self._finish()
+            except BaseException as e:  # noqa: BLE001 - handed to whoever waits
+                error = e
+        self._error, self._finish, self._keep = error, None, None
+        self._done.set()
+        if error is None:
+            self._future.set_result(self._result)
+        else:
+            self._future.set_exception(error)
+
+    # -- the torch Work interface ------------------------------------------------------------
+    def wait(self, timeout: timedelta | None = None) -> bool:
+        """Block until done; past ``timeout`` (else the group's), raise naming the call and rank."""
+        seconds = timeout.total_seconds() if timeout else self.timeout_s
+        if not self._done.wait(None if seconds == float("inf") else seconds):
+            raise RuntimeError(f"mpi4py backend: {self.name} did not complete within {seconds:g} s")
+        if self._error is not None:
+            raise self._error
+        return True
+
+    def is_completed(self) -> bool:
+        return self._done.is_set()
+
+    def is_success(self) -> bool:
+        return self._done.is_set() and self._error is None
+
+    def exception(self):
+        return self._error
+
+    def get_future(self) -> torch.futures.Future:
+        return self._future
+
+    def result(self) -> list:
+        self.wait()
+        return self._result
+
+    def source_rank(self) -> int:
+        """For a receive from any source: who sent it."""
+        self.wait()
+        return self.statuses[0].Get_source()
+
+    _source_rank = source_rank
+
+
+class Progress:
+    """The waiter and the sweeper of this process (see the module docstring)."""
+
+    def __init__(self):
+        if MPI.Query_thread() < MPI.THREAD_MULTIPLE:
+            raise RuntimeError(
+                "the mpi4py torch backend needs MPI_THREAD_MULTIPLE (its progress thread calls MPI while "
+                f"yours does), but MPI was initialised with thread level {MPI.Query_thread()}; do not lower "
+                "mpi4py.rc.thread_level"
+            )
+        self._cv = threading.Condition()
+        self._pending: list[MPIWork] = []  # in the order they started
+        self._stopping = False
+        self._threads = [
+            threading.Thread(target=self._wait_loop, name="mpi4py-waiter", daemon=True),
+            threading.Thread(target=self._sweep_loop, name="mpi4py-sweeper", daemon=True),
+        ]
+        for t in self._threads:
+            t.start()
+        # Before mpi4py finalises MPI at exit (our atexit hook runs first: registered later).
+        atexit.register(self.stop)
+
+    def submit(self, work: MPIWork) -> MPIWork:
+        with self._cv:
+            if self._stopping:
+                raise RuntimeError(f"mpi4py backend: {work.name} started after shutdown")
+            self._pending.append(work)
+            self._cv.notify_all()
+        return work
+
+    def stop(self, timeout: float = 2.0) -> None:
+        """Let both threads finish (a waiter stuck on a request that never completes is left)."""
+        with self._cv:
+            self._stopping = True
+            self._cv.notify_all()
+        for t in self._threads:
+            t.join(timeout)
+
+    def _settle(self, work: MPIWork, error: BaseException | None) -> None:
+        with self._cv:
+            if work in self._pending:
+                self._pending.remove(work)
+            self._cv.notify_all()
+        # Outside the lock: a future's callbacks may start new work (DDP communication hooks do).
+        work._resolve(None if error is None else RuntimeError(f"mpi4py backend: {work.name} failed: {error}"))
+
+    def _wait_loop(self) -> None:
+        while True:
+            with self._cv:
+                while not self._stopping and (work := self._oldest_unclaimed()) is None:
+                    self._cv.wait()
+                if self._stopping:
+                    return
+                work.owner = "waiter"
+            try:
+                MPI.Request.Waitall(work.requests, work.statuses)
+            except MPI.Exception as e:
+                self._settle(work, e)
+            else:
+                self._settle(work, None)
+
+    def _oldest_unclaimed(self) -> MPIWork | None:
+        return next((w for w in self._pending if w.owner is None), None)
+
+    def _sweep_loop(self) -> None:
+        while True:
+            with self._cv:
+                if self._stopping:
+                    return
+                now = time.monotonic()
+                overdue = [w for w in self._pending if w.deadline < now]
+                for w in overdue:
+                    self._pending.remove(w)
+                # Only while the waiter is busy: otherwise it takes new works itself at once.
+                busy = any(w.owner == "waiter" for w in self._pending)
+                mine = [w for w in self._pending if w.owner is None] if busy else []
+                for w in mine:
+                    w.owner = "sweeper"
+            for w in overdue:
+                w._resolve(TimeoutError(f"mpi4py backend: {w.name} did not complete within {w.timeout_s:g} s"))
+            for w in mine:
+                try:
+                    done = MPI.Request.Testall(w.requests, w.statuses)
+                except MPI.Exception as e:
+                    self._settle(w, e)
+                    continue
+                if done:
+                    self._settle(w, None)
+                else:
+                    with self._cv:
+                        w.owner = None
+                        self._cv.notify_all()
+            with self._cv:
+                if self._stopping:
+                    return
+                if mine:
+                    self._cv.wait(SWEEP_S)
+                else:  # nothing to look at until new work arrives, or the earliest deadline
+                    deadline = min((w.deadline for w in self._pending), default=float("inf"))
+                    self._cv.wait(None if deadline == float("inf") else max(0.0, deadline - time.monotonic()))
+
+
+_progress: Progress | None = None
+_progress_lock = threading.Lock()
+
+
+def engine() -> Progress:
+    """This process's progress threads, started on first use."""
+    global _progress
+    with _progress_lock:
+        if _progress is None:
+            _progress = Progress()
+        return _progress
+
+
+def submit(name: str, requests, result: list, finish: Callable | None = None, keep=None, timeout=None) -> MPIWork:
+    """Hand started ``requests`` to the progress threads; returns the torch Work that completes with them."""
+    return engine().submit(MPIWork(name, requests, result, finish, keep, timeout))
