@@ -84,10 +84,13 @@ def test_bench_sgd_prints_ddp_bench_columns_and_sweeps_buckets(tmp_path):
     )
     header = next(line for line in proc.stdout.splitlines() if line.startswith("|"))
     cells = [c.strip() for c in header.strip("|").split("|")]
-    assert cells == ["model", "variant", "step ms", "± std", "comm ms", "± std", "comm frac", "x DDP-gloo", "x local"]
+    assert cells == ["model", "variant", "step ms", "± std", "comm ms", "± std", "comm frac", "x DDP-gloo", "x local",
+                     "exposed ms"]  # fmt: skip
     rows = json.loads((tmp_path / "sgd-n2.json").read_text())["rows"]
     names = [r["variant"] for r in rows]
-    assert names == ["local", "naive", "flat", "bucketed 0.5MB", "bucketed 2MB", "ddp-gloo", "comm-only"]
+    assert names == ["local", "naive", "flat", "bucketed 0.5MB", "bucketed 2MB", "ddp-gloo", "ddp-mpi4py", "comm-only"]
+    by_name = {r["variant"]: r for r in rows}
+    assert by_name["ddp-mpi4py"]["exposed_s"] == by_name["ddp-mpi4py"]["step_s"] - by_name["local"]["step_s"]
     for r in rows:
         if r["variant"] in ("naive", "flat", "bucketed 0.5MB"):
             # blocked time is part of the step, never more than all of it
