@@ -1,4 +1,4 @@
-"""torch dtypes and reduction ops as MPI knows them, 16-bit floats included.
+"""torch tensors as MPI sees them: datatypes, reduction ops (16-bit floats included), buffers.
 
 MPI predefines datatypes for the C types, so most torch dtypes map directly. Two do not:
 
@@ -83,6 +83,34 @@ def _user_op(op: str, dtype: torch.dtype) -> MPI.Op:
     return _user_ops[key]
 
 
-def buffer(t: torch.Tensor) -> list:
-    """``[memory, MPI datatype]`` naming a contiguous CPU tensor's own memory (no copy, no checks)."""
-    return [MPI.buffer.fromaddress(t.data_ptr(), t.numel() * t.element_size()), datatype(t.dtype)]
+def buffer(t: torch.Tensor, length: int | None = None) -> list:
+    """``[memory, MPI datatype]`` naming a contiguous CPU tensor's own memory (no copy, no checks):
+    its bytes, or ``length`` bytes from its start (several adjacent tensors as one)."""
+    return [MPI.buffer.fromaddress(t.data_ptr(), nbytes(t) if length is None else length), datatype(t.dtype)]
+
+
+def nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def as_bytes(t: torch.Tensor) -> list:
+    """The tensor's memory as plain bytes (for calls that only move data, never reduce it)."""
+    return [MPI.buffer.fromaddress(t.data_ptr(), nbytes(t)), MPI.BYTE]
+
+
+def scattered(tensors) -> list:
+    """One ``MPI_*v`` buffer spec (buffer, counts, displacements, datatype) for tensors anywhere in
+    memory, in bytes from the lowest address among them. MPI reads or writes only the described
+    bytes, never the gaps between them, so separately allocated tensors are used in place."""
+    addrs = [t.data_ptr() for t in tensors]
+    sizes = [nbytes(t) for t in tensors]
+    used = [(a, n) for a, n in zip(addrs, sizes, strict=True) if n]  # an empty tensor may have no address
+    base = min((a for a, _ in used), default=0)
+    end = max((a + n for a, n in used), default=0)
+    displs = [a - base if n else 0 for a, n in zip(addrs, sizes, strict=True)]
+    return [MPI.buffer.fromaddress(base, end - base), sizes, displs, MPI.BYTE]
+
+
+def adjacent(tensors) -> bool:
+    """Whether the tensors lie back to back in memory, in order (views of one buffer, say)."""
+    return all(b.data_ptr() == a.data_ptr() + nbytes(a) for a, b in zip(tensors[:-1], tensors[1:], strict=True))

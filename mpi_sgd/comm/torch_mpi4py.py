@@ -15,9 +15,9 @@ module registers the backend and lets ``env://`` rendezvous through MPI (:mod:`.
   displacements are the tensors' addresses relative to the lowest one, so they too are written in
   place. The one exception: ``reduce_scatter`` from a *list* whose tensors are not adjacent in
   memory copies them into one buffer first (MPI's reduce-scatter reads a single buffer).
-* **Non-blocking.** Every call starts a non-blocking MPI operation and returns a :class:`Work`
-  at once; ``async_op=False`` is torch calling ``wait()`` straight away. The progress thread of
-  :mod:`.progress` completes the requests and the work's future; why a thread, and what it costs,
+* **Non-blocking.** Every call starts a non-blocking MPI operation and returns a torch ``Work``
+  at once; ``async_op=False`` is torch calling ``wait()`` straight away. The progress threads of
+  :mod:`.progress` complete the requests and the work's future; why threads, and what they cost,
   is explained there. DDP's buckets therefore overlap backward as they do over gloo or NCCL.
 * **Groups.** The default group is a duplicate of ``MPI.COMM_WORLD`` (its messages never meet
   yours); ``dist.new_group(ranks, backend="mpi4py")`` is ``MPI_Comm_create_group`` over those ranks,
@@ -27,6 +27,10 @@ module registers the backend and lets ``env://`` rendezvous through MPI (:mod:`.
   bitwise ops on integers; float16/bfloat16 as :mod:`.mpitypes` describes. ``PREMUL_SUM`` (NCCL's),
   lists of several tensors per call (the old one-process-many-GPUs form), sparse tensors and
   non-CPU tensors raise ``NotImplementedError`` naming the call.
+
+The module is longer than most here because torch's process-group interface is that wide: one
+method per torch call (and its coalesced and renamed variants), each a few lines. Splitting one
+class across files would hide the one thing a reader wants to see, the whole interface.
 """
 
 from __future__ import annotations
@@ -71,31 +75,6 @@ def _single(tensors, call: str) -> torch.Tensor:
     if len(tensors) != 1:
         raise _unsupported(call, f"{len(tensors)} tensors in one call (one tensor per process)")
     return _check(tensors[0], call)
-
-
-def _nbytes(t: torch.Tensor) -> int:
-    return t.numel() * t.element_size()
-
-
-def _as_bytes(t: torch.Tensor) -> list:
-    return [MPI.buffer.fromaddress(t.data_ptr(), _nbytes(t)), MPI.BYTE]
-
-
-def _scattered(tensors) -> list:
-    """One MPI "v" buffer spec for tensors anywhere in memory: byte counts and displacements from
-    the lowest address. MPI touches only the described bytes, never the gaps between them."""
-    addrs = [t.data_ptr() for t in tensors]
-    sizes = [_nbytes(t) for t in tensors]
-    used = [a for a, n in zip(addrs, sizes, strict=True) if n]
-    base = min(used, default=0)
-    end = max((a + n for a, n in zip(addrs, sizes, strict=True) if n), default=0)
-    displs = [a - base if n else 0 for a, n in zip(addrs, sizes, strict=True)]
-    return [MPI.buffer.fromaddress(base, end - base), sizes, displs, MPI.BYTE]
-
-
-def _adjacent(tensors) -> bool:
-    """Whether the tensors lie back to back in memory, in order (views of one buffer, say)."""
-    return all(b.data_ptr() == a.data_ptr() + _nbytes(a) for a, b in zip(tensors[:-1], tensors[1:], strict=True))
 
 
 class _Op(NamedTuple):
@@ -242,8 +221,8 @@ class MPI4PyProcessGroup(dist.ProcessGroup):
         blocks = self._slots(input_tensors[0], out, "reduce_scatter")
         name, op = self._op(opts.reduceOp, out.dtype, "reduce_scatter")
         # MPI reads one buffer: the blocks themselves if they are back to back, else a copy of them.
-        send = blocks[0] if _adjacent(blocks) else torch.cat([b.reshape(-1) for b in blocks])
-        span = [MPI.buffer.fromaddress(send.data_ptr(), _nbytes(out) * self._size), mpitypes.datatype(out.dtype)]
+        send = blocks[0] if mpitypes.adjacent(blocks) else torch.cat([b.reshape(-1) for b in blocks])
+        span = mpitypes.buffer(send, length=mpitypes.nbytes(out) * self._size)
         req = self.comm.Ireduce_scatter_block(span, mpitypes.buffer(out), op)
         return self._submit("reduce_scatter", [_Op([req], self._divide(name, out), (send, blocks))], output_tensors)
 
@@ -255,7 +234,7 @@ class MPI4PyProcessGroup(dist.ProcessGroup):
 
     def _allgather(self, slots, t: torch.Tensor, call: str) -> _Op:
         slots = self._slots(slots, _check(t, call), call)
-        return _Op([self.comm.Iallgatherv(_as_bytes(t), _scattered(slots))])
+        return _Op([self.comm.Iallgatherv(mpitypes.as_bytes(t), mpitypes.scattered(slots))])
 
     def allgather(self, output_tensors, input_tensors, opts=_DEFAULT):
         t = _single(input_tensors, "all_gather")
@@ -296,8 +275,8 @@ class MPI4PyProcessGroup(dist.ProcessGroup):
         if self._rank == root:
             if len(output_tensors) != 1:
                 raise _unsupported("gather", f"{len(output_tensors)} output lists")
-            recv = _scattered(self._slots(output_tensors[0], t, "gather"))
-        return self._submit("gather", [_Op([self.comm.Igatherv(_as_bytes(t), recv, root)])], output_tensors)
+            recv = mpitypes.scattered(self._slots(output_tensors[0], t, "gather"))
+        return self._submit("gather", [_Op([self.comm.Igatherv(mpitypes.as_bytes(t), recv, root)])], output_tensors)
 
     def scatter(self, output_tensors, input_tensors, opts=_DEFAULT):
         t = _single(output_tensors, "scatter")
@@ -306,8 +285,8 @@ class MPI4PyProcessGroup(dist.ProcessGroup):
         if self._rank == root:
             if len(input_tensors) != 1:
                 raise _unsupported("scatter", f"{len(input_tensors)} input lists")
-            send = _scattered(self._slots(input_tensors[0], t, "scatter"))
-        return self._submit("scatter", [_Op([self.comm.Iscatterv(send, _as_bytes(t), root)])], output_tensors)
+            send = mpitypes.scattered(self._slots(input_tensors[0], t, "scatter"))
+        return self._submit("scatter", [_Op([self.comm.Iscatterv(send, mpitypes.as_bytes(t), root)])], output_tensors)
 
     def alltoall(self, output_tensors, input_tensors, opts=_DEFAULT):
         """``dist.all_to_all``: input ``j`` goes to rank ``j``, output ``i`` comes from rank ``i``;
@@ -318,7 +297,7 @@ class MPI4PyProcessGroup(dist.ProcessGroup):
             raise ValueError(f"mpi4py backend: all_to_all needs {self._size} input and output tensors")
         if len({t.dtype for t in list(output_tensors) + list(input_tensors)}) > 1:
             raise ValueError("mpi4py backend: all_to_all needs one dtype for every tensor")
-        req = self.comm.Ialltoallv(_scattered(input_tensors), _scattered(output_tensors))
+        req = self.comm.Ialltoallv(mpitypes.scattered(input_tensors), mpitypes.scattered(output_tensors))
         return self._submit("all_to_all", [_Op([req])], output_tensors)
 
     def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=_DEFAULT):
@@ -338,10 +317,10 @@ class MPI4PyProcessGroup(dist.ProcessGroup):
         splits = list(splits) or [rows // self._size] * self._size
         if len(splits) != self._size or sum(splits) != rows:
             raise ValueError(f"mpi4py backend: {call}: split sizes {splits} do not cut {rows} rows into {self._size}")
-        row = _nbytes(t) // max(rows, 1)
+        row = mpitypes.nbytes(t) // max(rows, 1)
         counts = [s * row for s in splits]
         displs = [sum(counts[:i]) for i in range(self._size)]
-        return [MPI.buffer.fromaddress(t.data_ptr(), _nbytes(t)), counts, displs, MPI.BYTE]
+        return [MPI.buffer.fromaddress(t.data_ptr(), mpitypes.nbytes(t)), counts, displs, MPI.BYTE]
 
     # -- point to point -----------------------------------------------------------------------
     def send(self, tensors, dstRank: int, tag: int):
