@@ -19,10 +19,11 @@ are serialised. So another thread has to sit in MPI while the caller computes:
   than cores that made a 7.5 MB all-reduce two to three times slower than ``Wait``.
 * Blocking on the oldest work alone could deadlock a program whose older request (a receive,
   say) completes only after it has acted on a newer one. The *sweeper* thread prevents that: while
-  the waiter is busy, it tests the newer works every :data:`SWEEP_S` seconds (``MPI_Testall``,
-  which only looks, since the waiter's ``Wait`` already advances them) and completes those that
-  are done. It sleeps when there is nothing to look at, and fails works older than their group's
-  timeout with an error naming the call and rank.
+  the waiter is busy, it tests the newer works (``MPI_Testall``, which only looks, since the
+  waiter's ``Wait`` already advances them) and completes those that are done, first after
+  0.2 ms, then ever less often, up to every 10 ms (:data:`SWEEP_S`). It sleeps when there is
+  nothing to look at, and fails works older than their group's timeout with an error naming the
+  call and rank.
 * Each thread holds the GIL only between MPI calls (mpi4py releases it inside them), so Python on
   the caller's thread is not slowed; but ``MPI_Waitall`` polls, so while anything is in flight the
   waiter keeps one core busy. Where a core per rank is free, that is what makes the overlap real
@@ -47,7 +48,13 @@ import torch
 import torch.distributed as dist
 from mpi4py import MPI
 
-SWEEP_S = 0.001  # how often the sweeper looks at works the waiter has not reached
+SWEEP_S = (0.0002, 0.01)  # the sweeper looks at works the waiter has not reached this often: first, at most
+
+
+def overdue_error(name: str, seconds: float) -> RuntimeError:
+    return RuntimeError(
+        f"mpi4py backend: {name} did not complete within {seconds:g} s (did another rank fail, or call something else?)"
+    )
 
 
 class MPIWork(dist.distributed_c10d.Work):
@@ -92,7 +99,7 @@ class MPIWork(dist.distributed_c10d.Work):
         """Block until done; past ``timeout`` (else the group's), raise naming the call and rank."""
         seconds = timeout.total_seconds() if timeout else self.timeout_s
         if not self._done.wait(None if seconds == float("inf") else seconds):
-            raise RuntimeError(f"mpi4py backend: {self.name} did not complete within {seconds:g} s")
+            raise overdue_error(self.name, seconds)
         if self._error is not None:
             raise self._error
         return True
@@ -131,50 +138,75 @@ class Progress:
                 f"yours does), but MPI was initialised with thread level {MPI.Query_thread()}; do not lower "
                 "mpi4py.rc.thread_level"
             )
-        self._cv = threading.Condition()
+        lock = threading.Lock()
+        # One lock, two conditions: new work wakes the waiter if it is idle, the sweeper if not.
+        self._for_waiter, self._for_sweeper = threading.Condition(lock), threading.Condition(lock)
         self._pending: list[MPIWork] = []  # in the order they started
+        self._waiter_busy = False
+        self._sweeper_until = float("inf")  # when the sweeper looks next unless woken
         self._stopping = False
+        self._broken: BaseException | None = None
         self._threads = [
-            threading.Thread(target=self._wait_loop, name="mpi4py-waiter", daemon=True),
-            threading.Thread(target=self._sweep_loop, name="mpi4py-sweeper", daemon=True),
+            threading.Thread(target=self._guarded, args=(self._wait_loop,), name="mpi4py-waiter", daemon=True),
+            threading.Thread(target=self._guarded, args=(self._sweep_loop,), name="mpi4py-sweeper", daemon=True),
         ]
         for t in self._threads:
             t.start()
         # Before mpi4py finalises MPI at exit (our atexit hook runs first: registered later).
         atexit.register(self.stop)
 
+    def _guarded(self, loop) -> None:
+        """A progress thread that dies would leave every later wait hanging: fail loudly instead."""
+        try:
+            loop()
+        except BaseException as e:
+            with self._for_waiter:
+                self._broken, self._stopping, failed = e, True, list(self._pending)
+                self._pending.clear()
+            for w in failed:
+                w._resolve(RuntimeError(f"mpi4py backend: {w.name} abandoned: a progress thread failed: {e!r}"))
+            raise
+
     def submit(self, work: MPIWork) -> MPIWork:
-        with self._cv:
+        with self._for_waiter:
+            if self._broken is not None:
+                raise RuntimeError(f"mpi4py backend: {work.name}: a progress thread failed: {self._broken!r}")
             if self._stopping:
                 raise RuntimeError(f"mpi4py backend: {work.name} started after shutdown")
             self._pending.append(work)
-            self._cv.notify_all()
+            if self._waiter_busy or work.deadline < self._sweeper_until:
+                self._for_sweeper.notify()
+            if not self._waiter_busy:
+                self._for_waiter.notify()
         return work
 
     def stop(self, timeout: float = 2.0) -> None:
         """Let both threads finish (a waiter stuck on a request that never completes is left)."""
-        with self._cv:
+        with self._for_waiter:
             self._stopping = True
-            self._cv.notify_all()
+            self._for_waiter.notify()
+            self._for_sweeper.notify()
         for t in self._threads:
             t.join(timeout)
 
     def _settle(self, work: MPIWork, error: BaseException | None) -> None:
-        with self._cv:
+        with self._for_waiter:
             if work in self._pending:
                 self._pending.remove(work)
-            self._cv.notify_all()
         # Outside the lock: a future's callbacks may start new work (DDP communication hooks do).
         work._resolve(None if error is None else RuntimeError(f"mpi4py backend: {work.name} failed: {error}"))
 
     def _wait_loop(self) -> None:
         while True:
-            with self._cv:
+            with self._for_waiter:
+                self._waiter_busy = False
                 while not self._stopping and (work := self._oldest_unclaimed()) is None:
-                    self._cv.wait()
+                    self._for_waiter.wait()
                 if self._stopping:
                     return
-                work.owner = "waiter"
+                work.owner, self._waiter_busy = "waiter", True
+                if self._oldest_unclaimed() is not None:
+                    self._for_sweeper.notify()  # more behind this one: the sweeper watches them
             try:
                 MPI.Request.Waitall(work.requests, work.statuses)
             except MPI.Exception as e:
@@ -186,8 +218,9 @@ class Progress:
         return next((w for w in self._pending if w.owner is None), None)
 
     def _sweep_loop(self) -> None:
+        interval = SWEEP_S[0]
         while True:
-            with self._cv:
+            with self._for_sweeper:
                 if self._stopping:
                     return
                 now = time.monotonic()
@@ -195,32 +228,40 @@ class Progress:
                 for w in overdue:
                     self._pending.remove(w)
                 # Only while the waiter is busy: otherwise it takes new works itself at once.
-                busy = any(w.owner == "waiter" for w in self._pending)
-                mine = [w for w in self._pending if w.owner is None] if busy else []
+                mine = [w for w in self._pending if w.owner is None] if self._waiter_busy else []
                 for w in mine:
                     w.owner = "sweeper"
             for w in overdue:
-                w._resolve(TimeoutError(f"mpi4py backend: {w.name} did not complete within {w.timeout_s:g} s"))
+                w._resolve(overdue_error(w.name, w.timeout_s))
+            done = 0
             for w in mine:
                 try:
-                    done = MPI.Request.Testall(w.requests, w.statuses)
+                    finished = MPI.Request.Testall(w.requests, w.statuses)
                 except MPI.Exception as e:
                     self._settle(w, e)
                     continue
-                if done:
+                if finished:
+                    done += 1
                     self._settle(w, None)
                 else:
-                    with self._cv:
+                    with self._for_waiter:
                         w.owner = None
-                        self._cv.notify_all()
-            with self._cv:
+                        if not self._waiter_busy:
+                            self._for_waiter.notify()
+            with self._for_sweeper:
                 if self._stopping:
                     return
+                now = time.monotonic()
                 if mine:
-                    self._cv.wait(SWEEP_S)
+                    # Look again soon, then less and less often while nothing finishes: the common
+                    # case (works finishing in order) costs a few looks, a long wait little more.
+                    interval = SWEEP_S[0] if done else min(2 * interval, SWEEP_S[1])
+                    self._sweeper_until = now + interval
                 else:  # nothing to look at until new work arrives, or the earliest deadline
-                    deadline = min((w.deadline for w in self._pending), default=float("inf"))
-                    self._cv.wait(None if deadline == float("inf") else max(0.0, deadline - time.monotonic()))
+                    interval = SWEEP_S[0]
+                    self._sweeper_until = min((w.deadline for w in self._pending), default=float("inf"))
+                until = self._sweeper_until
+                self._for_sweeper.wait(None if until == float("inf") else max(0.0, until - now))
 
 
 _progress: Progress | None = None

@@ -314,6 +314,49 @@ def test_many_in_flight_complete_in_any_wait_order(groups):
         assert_close(x, "sum", size(g), x.numel(), "float64")
 
 
+def test_a_newer_work_completes_while_an_older_one_waits_on_it(groups):
+    """Every rank pre-posts a receive that its left neighbour satisfies only after an all-reduce
+    has *returned* there. The progress thread blocks on the oldest work (the receive), so the
+    all-reduce must be reported done by the sweeper; otherwise every rank would wait for ever."""
+    g = groups["mpi4py"]
+    n, me = size(g), rank(g)
+    if n == 1:
+        pytest.skip("needs a neighbour")
+    left, right = dist.get_global_rank(g, (me - 1) % n), dist.get_global_rank(g, (me + 1) % n)
+    got = torch.zeros(3)
+    pending = dist.irecv(got, left, group=g, tag=11)
+    x = torch.ones(3)
+    dist.all_reduce(x, group=g)  # blocking: returns only once reported complete
+    dist.send(torch.full((3,), float(me)), right, group=g, tag=11)
+    pending.wait()
+    assert torch.equal(x, torch.full((3,), float(n))) and torch.equal(got, torch.full((3,), float((me - 1) % n)))
+
+
+def test_a_work_past_its_groups_timeout_fails_naming_the_call(groups):
+    from datetime import timedelta
+
+    n, me = dist.get_world_size(), dist.get_rank()
+    if n == 1:
+        pytest.skip("needs a second rank")
+    quick = dist.new_group(backend="mpi4py", timeout=timedelta(seconds=0.3))
+    got = torch.zeros(1)
+    if me == 0:  # waits for a message rank 1 sends only after the timeout has passed
+        work = dist.irecv(got, 1, group=quick, tag=12)
+        t0 = time.perf_counter()
+        with pytest.raises(RuntimeError, match=r"recv on rank 0 did not complete within 0.3 s"):
+            work.wait()
+        assert time.perf_counter() - t0 < 5
+        with pytest.raises(RuntimeError, match="recv on rank 0 did not complete"):  # and the future (DDP's)
+            deadline = time.perf_counter() + 5
+            while not work.get_future().done() and time.perf_counter() < deadline:
+                time.sleep(0.01)
+            work.get_future().wait()
+    dist.barrier(group=groups["mpi4py"])
+    if me == 1:  # now complete the receive, so no request is left behind
+        dist.send(torch.ones(1), 0, group=quick, tag=12)
+    dist.barrier(group=groups["mpi4py"])
+
+
 # -- errors name the call ---------------------------------------------------------------------
 def test_unsupported_calls_say_which(groups):
     g = groups["mpi4py"]
