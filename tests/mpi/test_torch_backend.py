@@ -268,6 +268,28 @@ def test_send_recv(groups):
     assert got.item() == left and sender == dist.get_global_rank(g, left)
 
 
+def test_batch_isend_irecv_and_object_collectives(groups):
+    g = groups["mpi4py"]
+    n, me = size(g), rank(g)
+    if n > 1:  # torch refuses p2p with oneself
+        right, left = dist.get_global_rank(g, (me + 1) % n), dist.get_global_rank(g, (me - 1) % n)
+        got = torch.zeros(4)
+        ops = [dist.P2POp(dist.isend, torch.full((4,), float(me)), right, g), dist.P2POp(dist.irecv, got, left, g)]
+        for work in dist.batch_isend_irecv(ops):
+            work.wait()
+        assert torch.equal(got, torch.full((4,), float((me - 1) % n)))
+    root = dist.get_global_rank(g, n - 1)
+    objs = [{"from": me}]
+    dist.broadcast_object_list(objs, src=root, group=g)
+    assert objs == [{"from": n - 1}]
+    gathered = [None] * n if me == n - 1 else None
+    dist.gather_object(me * 10, gathered, dst=root, group=g)
+    assert gathered == ([r * 10 for r in range(n)] if me == n - 1 else None)
+    one = [None]
+    dist.scatter_object_list(one, [f"to {r}" for r in range(n)] if me == n - 1 else None, src=root, group=g)
+    assert one == [f"to {me}"]
+
+
 def test_sub_groups(groups):
     """new_group(ranks) is an MPI sub-communicator; every rank calls new_group, members only use it."""
     n, me = dist.get_world_size(), dist.get_rank()
