@@ -102,8 +102,12 @@ class MPI4PyProcessGroup(dist.ProcessGroup):
     def __repr__(self) -> str:
         return f"<MPI4PyProcessGroup rank={self._rank}/{self._size}>"
 
-    def _submit(self, call: str, ops: list[_Op], result) -> progress.MPIWork:
-        """One torch Work for the operations of one call (several for the coalesced calls)."""
+    def _submit(self, call: str, ops: list[_Op], result, opts=None, statuses: bool = False) -> progress.MPIWork:
+        """One torch Work for the operations of one call (several for the coalesced calls).
+
+        ``opts.asyncOp`` False means torch will ``wait()`` on it at once: the caller's thread then
+        completes it itself (see :mod:`.progress`). C++ callers (DDP) leave it True.
+        """
         finishes = [op.finish for op in ops if op.finish is not None]
 
         def finish():
@@ -117,6 +121,8 @@ class MPI4PyProcessGroup(dist.ProcessGroup):
             finish if finishes else None,
             keep=[op.keep for op in ops],
             timeout=self._timeout,
+            caller_waits=not getattr(opts, "asyncOp", True),
+            statuses=statuses,
         )
 
     # -- checks, before any communication ------------------------------------------------------
@@ -166,20 +172,20 @@ class MPI4PyProcessGroup(dist.ProcessGroup):
         return list(zip(outputs, inputs, strict=True))
 
     # -- reductions ---------------------------------------------------------------------------
-    def _allreduce(self, t: torch.Tensor, reduce_op, call: str) -> _Op:
-        name, op = self._op(reduce_op, _check(t, call).dtype, call)
+    def _allreduce(self, t: torch.Tensor, reduce_op, call: str) -> _Op:  # t already checked
+        name, op = self._op(reduce_op, t.dtype, call)
         return _Op([self.comm.Iallreduce(MPI.IN_PLACE, mpitypes.buffer(t), op)], self._divide(name, t))
 
     def allreduce(self, tensors, opts=_DEFAULT):
         t = _single(tensors, "allreduce")
-        return self._submit("allreduce", [self._allreduce(t, opts.reduceOp, "allreduce")], tensors)
+        return self._submit("allreduce", [self._allreduce(t, opts.reduceOp, "allreduce")], tensors, opts)
 
     def allreduce_coalesced(self, tensors, opts=_DEFAULT):
         for t in tensors:  # every check before the first request starts
             self._op(opts.reduceOp, _check(t, "all_reduce_coalesced").dtype, "all_reduce_coalesced")
         # One request per tensor, all in flight at once: no flattening copy.
-        ops = [self._allreduce(t, opts.reduceOp, "all_reduce_coalesced") for t in tensors]
-        return self._submit("all_reduce_coalesced", ops, tensors)
+        ops = [self._allreduce(t, opts.reduceOp, "all_reduce_coalesced") for t in tensors]  # all checked above
+        return self._submit("all_reduce_coalesced", ops, tensors, opts)
 
     def reduce(self, tensors, opts=_DEFAULT):
         t = _single(tensors, "reduce")
@@ -189,7 +195,7 @@ class MPI4PyProcessGroup(dist.ProcessGroup):
             started = _Op([self.comm.Ireduce(MPI.IN_PLACE, mpitypes.buffer(t), op, root)], self._divide(name, t))
         else:
             started = _Op([self.comm.Ireduce(mpitypes.buffer(t), None, op, root)])
-        return self._submit("reduce", [started], tensors)
+        return self._submit("reduce", [started], tensors, opts)
 
     def _reduce_scatter_tensor(self, output, input, reduce_op, call: str) -> _Op:
         _check(output, call), _check(input, call)
@@ -203,14 +209,15 @@ class MPI4PyProcessGroup(dist.ProcessGroup):
     def reduce_scatter_single(self, output, input, opts=_DEFAULT):
         """``dist.reduce_scatter_tensor``: block ``rank`` of the reduction of ``input`` lands in ``output``."""
         call = "reduce_scatter_tensor"
-        return self._submit(call, [self._reduce_scatter_tensor(output, input, opts.reduceOp, call)], [output])
+        return self._submit(call, [self._reduce_scatter_tensor(output, input, opts.reduceOp, call)], [output], opts)
 
     _reduce_scatter_base = reduce_scatter_single
 
     def reduce_scatter_single_coalesced(self, outputs, inputs, opts=_DEFAULT):
         call = "reduce_scatter_tensor_coalesced"
         pairs = self._pairs(call, outputs, inputs)
-        return self._submit(call, [self._reduce_scatter_tensor(o, i, opts.reduceOp, call) for o, i in pairs], outputs)
+        ops = [self._reduce_scatter_tensor(o, i, opts.reduceOp, call) for o, i in pairs]
+        return self._submit(call, ops, outputs, opts)
 
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
 
@@ -224,13 +231,14 @@ class MPI4PyProcessGroup(dist.ProcessGroup):
         send = blocks[0] if mpitypes.adjacent(blocks) else torch.cat([b.reshape(-1) for b in blocks])
         span = mpitypes.buffer(send, length=mpitypes.nbytes(out) * self._size)
         req = self.comm.Ireduce_scatter_block(span, mpitypes.buffer(out), op)
-        return self._submit("reduce_scatter", [_Op([req], self._divide(name, out), (send, blocks))], output_tensors)
+        started = _Op([req], self._divide(name, out), keep=(send, blocks))
+        return self._submit("reduce_scatter", [started], output_tensors, opts)
 
     # -- data movement ----------------------------------------------------------------------
     def broadcast(self, tensors, opts=_DEFAULT):
         t = _single(tensors, "broadcast")
         req = self.comm.Ibcast(mpitypes.buffer(t), self._root(opts.rootRank, "broadcast"))
-        return self._submit("broadcast", [_Op([req])], tensors)
+        return self._submit("broadcast", [_Op([req])], tensors, opts)
 
     def _allgather(self, slots, t: torch.Tensor, call: str) -> _Op:
         slots = self._slots(slots, _check(t, call), call)
@@ -240,12 +248,12 @@ class MPI4PyProcessGroup(dist.ProcessGroup):
         t = _single(input_tensors, "all_gather")
         if len(output_tensors) != 1:
             raise _unsupported("all_gather", f"{len(output_tensors)} output lists")
-        return self._submit("all_gather", [self._allgather(output_tensors[0], t, "all_gather")], output_tensors)
+        return self._submit("all_gather", [self._allgather(output_tensors[0], t, "all_gather")], output_tensors, opts)
 
     def allgather_coalesced(self, output_lists, input_tensors, opts=_DEFAULT):
         call = "all_gather_coalesced"
         pairs = self._pairs(call, output_lists, input_tensors)
-        return self._submit(call, [self._allgather(o, i, call) for o, i in pairs], output_lists)
+        return self._submit(call, [self._allgather(o, i, call) for o, i in pairs], output_lists, opts)
 
     def _all_gather_tensor(self, output, input, call: str) -> _Op:
         _check(output, call), _check(input, call)
@@ -257,14 +265,14 @@ class MPI4PyProcessGroup(dist.ProcessGroup):
     def all_gather_single(self, output, input, opts=_DEFAULT):
         """``dist.all_gather_into_tensor``: ``output`` gets every rank's ``input``, in rank order."""
         call = "all_gather_into_tensor"
-        return self._submit(call, [self._all_gather_tensor(output, input, call)], [output])
+        return self._submit(call, [self._all_gather_tensor(output, input, call)], [output], opts)
 
     _allgather_base = all_gather_single
 
     def all_gather_single_coalesced(self, outputs, inputs, opts=_DEFAULT):
         call = "all_gather_into_tensor_coalesced"
         pairs = self._pairs(call, outputs, inputs)
-        return self._submit(call, [self._all_gather_tensor(o, i, call) for o, i in pairs], outputs)
+        return self._submit(call, [self._all_gather_tensor(o, i, call) for o, i in pairs], outputs, opts)
 
     allgather_into_tensor_coalesced = all_gather_single_coalesced
 
@@ -276,7 +284,8 @@ class MPI4PyProcessGroup(dist.ProcessGroup):
             if len(output_tensors) != 1:
                 raise _unsupported("gather", f"{len(output_tensors)} output lists")
             recv = mpitypes.scattered(self._slots(output_tensors[0], t, "gather"))
-        return self._submit("gather", [_Op([self.comm.Igatherv(mpitypes.as_bytes(t), recv, root)])], output_tensors)
+        req = self.comm.Igatherv(mpitypes.as_bytes(t), recv, root)
+        return self._submit("gather", [_Op([req])], output_tensors, opts)
 
     def scatter(self, output_tensors, input_tensors, opts=_DEFAULT):
         t = _single(output_tensors, "scatter")
@@ -286,7 +295,8 @@ class MPI4PyProcessGroup(dist.ProcessGroup):
             if len(input_tensors) != 1:
                 raise _unsupported("scatter", f"{len(input_tensors)} input lists")
             send = mpitypes.scattered(self._slots(input_tensors[0], t, "scatter"))
-        return self._submit("scatter", [_Op([self.comm.Iscatterv(send, mpitypes.as_bytes(t), root)])], output_tensors)
+        req = self.comm.Iscatterv(send, mpitypes.as_bytes(t), root)
+        return self._submit("scatter", [_Op([req])], output_tensors, opts)
 
     def alltoall(self, output_tensors, input_tensors, opts=_DEFAULT):
         """``dist.all_to_all``: input ``j`` goes to rank ``j``, output ``i`` comes from rank ``i``;
@@ -298,7 +308,7 @@ class MPI4PyProcessGroup(dist.ProcessGroup):
         if len({t.dtype for t in list(output_tensors) + list(input_tensors)}) > 1:
             raise ValueError("mpi4py backend: all_to_all needs one dtype for every tensor")
         req = self.comm.Ialltoallv(mpitypes.scattered(input_tensors), mpitypes.scattered(output_tensors))
-        return self._submit("all_to_all", [_Op([req])], output_tensors)
+        return self._submit("all_to_all", [_Op([req])], output_tensors, opts)
 
     def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=_DEFAULT):
         """``dist.all_to_all_single``: rows of ``input`` cut by ``input_split_sizes`` (equal if empty)."""
@@ -308,7 +318,7 @@ class MPI4PyProcessGroup(dist.ProcessGroup):
             raise ValueError(f"mpi4py backend: {call}: input is {input.dtype} but output {output.dtype}")
         send = self._splits(input, input_split_sizes, call)
         recv = self._splits(output, output_split_sizes, call)
-        return self._submit(call, [_Op([self.comm.Ialltoallv(send, recv)])], [output])
+        return self._submit(call, [_Op([self.comm.Ialltoallv(send, recv)])], [output], opts)
 
     alltoall_base = all_to_all_single
 
@@ -336,10 +346,10 @@ class MPI4PyProcessGroup(dist.ProcessGroup):
     def recv_anysource(self, tensors, tag: int):
         t = _single(tensors, "recv")
         req = self.comm.Irecv(mpitypes.buffer(t), MPI.ANY_SOURCE, self._tag(tag, "recv"))
-        return self._submit("recv", [_Op([req])], tensors)
+        return self._submit("recv", [_Op([req])], tensors, statuses=True)  # the status names the sender
 
     def barrier(self, opts=_DEFAULT):
-        return self._submit("barrier", [_Op([self.comm.Ibarrier()])], [])
+        return self._submit("barrier", [_Op([self.comm.Ibarrier()])], [], opts)
 
 
 def _create(opts, _backend_options=None) -> MPI4PyProcessGroup:
