@@ -393,3 +393,11 @@ def test_unsupported_calls_say_which(groups):
     with pytest.raises(ValueError, match="all_gather needs"):
         dist.all_gather([torch.zeros(3)] * (size(g) + 1), torch.zeros(3), group=g)
     dist.barrier(group=g)  # nothing was started by the refused calls: the ranks are still in step
+
+
+def test_the_mpi_library_is_asked_whether_it_is_cuda_aware(groups, monkeypatch):
+    from mpi_sgd.comm import gpu
+
+    monkeypatch.delenv("MPI_SGD_CUDA_AWARE", raising=False)
+    assert gpu._loaded_mpi_libraries(), "the MPI library mpi4py loaded should be found by path"
+    assert gpu.cuda_aware.__wrapped__() in (True, False)  # the query itself ran (MPICH or Open MPI's)
