@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from .base import OPS, CollectiveMismatchError, CommError, Communicator, Request, split_counts
 
-BACKENDS = ("mpi4py", "local", "gloo", "mpi", "nccl")
+BACKENDS = ("mpi4py", "local", "torch-mpi4py", "gloo", "mpi", "nccl")
 
 
 def init(backend: str = "mpi4py", debug: bool | None = None, abort_on_error: bool = True) -> Communicator:
@@ -12,7 +12,8 @@ def init(backend: str = "mpi4py", debug: bool | None = None, abort_on_error: boo
 
     ``mpi4py`` (the default) works at any size, ``python script.py`` included (MPI's singleton
     mode); ``local`` is world size 1 with no MPI at all; ``gloo``/``mpi``/``nccl`` are
-    torch.distributed backends rendezvousing over mpi4py. With ``abort_on_error`` an uncaught
+    torch.distributed backends rendezvousing over mpi4py, and ``torch-mpi4py`` is torch.distributed
+    over this project's ``"mpi4py"`` process group (:mod:`.torch_mpi4py`). With ``abort_on_error`` an uncaught
     exception on any rank aborts the whole job instead of leaving the others waiting.
     """
     if backend not in BACKENDS:

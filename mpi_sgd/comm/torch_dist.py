@@ -12,7 +12,11 @@ What each backend lacks is filled in here, and nowhere else:
 * gloo has no reduce_scatter, and none of the backends has one with uneven segments: those
   fall back to an all-reduce of a copy and a slice (correct, but moves ``size`` times more data).
 * The pip wheels of torch are built without the MPI backend; asking for it there fails with a
-  message saying so (use ``mpi4py``, the default, or gloo).
+  message saying so (use ``mpi4py``, the default, ``torch-mpi4py`` or gloo).
+
+``torch-mpi4py`` is torch.distributed over this project's own ``"mpi4py"`` process group
+(:mod:`.torch_mpi4py`): MPI under the torch API, where the pip wheels have no ``"mpi"``. It has
+an average op and reduce-scatter of its own, so neither needs filling in.
 """
 
 from __future__ import annotations
@@ -28,7 +32,9 @@ import torch.distributed as dist
 from .base import CommError, Communicator, Request, check_op, displacements, split_counts
 from .local import Loopback
 
-BACKENDS = ("gloo", "mpi", "nccl")
+BACKENDS = ("torch-mpi4py", "gloo", "mpi", "nccl")
+TORCH_NAME = {"torch-mpi4py": "mpi4py"}  # seam backend -> torch.distributed backend, where they differ
+NATIVE_AVG_AND_REDUCE_SCATTER = ("torch-mpi4py", "nccl")
 
 
 def _t(buf):
@@ -69,6 +75,10 @@ def _routable_address() -> str:
 
 
 def backend_available(name: str) -> bool:
+    if name == "torch-mpi4py":
+        from . import torch_mpi4py  # noqa: F401 - registers the backend; always there
+
+        return True
     return {"gloo": dist.is_gloo_available, "mpi": dist.is_mpi_available, "nccl": dist.is_nccl_available}[name]()
 
 
@@ -84,13 +94,15 @@ class TorchDistComm(Communicator):
             raise ValueError(f"unknown torch.distributed backend {backend!r}; choose one of {BACKENDS}")
         if not backend_available(backend):
             hint = {
-                "mpi": "this torch was built without MPI (the pip wheels are); build torch from source "
-                "against your MPI, or use --backend mpi4py (the default) or gloo",
+                "mpi": "this torch was built without MPI (the pip wheels are); use --backend torch-mpi4py "
+                "(torch.distributed over mpi4py, no build needed), mpi4py (the default) or gloo, or build "
+                "torch from source against your MPI",
                 "nccl": "this torch has no NCCL (a CPU build, or no CUDA); use gloo or mpi4py",
                 "gloo": "this torch was built without gloo",
             }[backend]
             raise CommError(f"torch.distributed backend {backend!r} is not available: {hint}")
         self.backend = backend
+        self.torch_backend = TORCH_NAME.get(backend, backend)
         self.mpi = mpi
         self.rank, self.size = mpi.rank, mpi.size
         self.local_rank, self.local_size = mpi.local_rank, mpi.local_size
@@ -113,7 +125,7 @@ class TorchDistComm(Communicator):
         else:
             addr, port = self.mpi.bcast_obj((_routable_address(), _free_port()) if self.mpi.is_root else None)
         dist.init_process_group(
-            self.backend,
+            self.torch_backend,
             init_method=f"tcp://{addr}:{port}",
             rank=self.rank,
             world_size=self.size,
@@ -127,7 +139,7 @@ class TorchDistComm(Communicator):
     def _reduce_op(self, op: str):
         check_op(op)
         if op == "avg":
-            if self.backend == "nccl":
+            if self.backend in NATIVE_AVG_AND_REDUCE_SCATTER:
                 return dist.ReduceOp.AVG
             return dist.ReduceOp.SUM
         return {
@@ -142,7 +154,7 @@ class TorchDistComm(Communicator):
             return False
         if not buf.dtype.is_floating_point:
             raise TypeError(f"op 'avg' needs a floating dtype, got {buf.dtype}; use 'sum' and divide yourself")
-        return self.backend != "nccl"
+        return self.backend not in NATIVE_AVG_AND_REDUCE_SCATTER
 
     # -- point to point -------------------------------------------------------------------
     def send(self, buf, dest, tag=0):
@@ -209,7 +221,7 @@ class TorchDistComm(Communicator):
     def reduce_scatter(self, sendbuf, recvbuf, counts=None, op="sum"):
         send, recv = _t(sendbuf).reshape(-1), _t(recvbuf).reshape(-1)
         counts = list(counts) if counts is not None else split_counts(send.numel(), self.size)
-        if self.backend == "nccl" and len(set(counts)) == 1:
+        if self.backend in NATIVE_AVG_AND_REDUCE_SCATTER and len(set(counts)) == 1:
             divide = self._needs_divide(op, recv)
             dist.reduce_scatter_tensor(recv, send, op=self._reduce_op(op))
             if divide:

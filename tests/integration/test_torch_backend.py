@@ -35,3 +35,13 @@ def test_example_06_trains_ddp_over_mpi():
 def test_example_06_rejects_bad_flags_before_starting():
     proc = run_mpi(1, str(EXAMPLES / "06_torch_ddp_over_mpi.py"), "--epochs", "0", check=False, timeout=60)
     assert proc.returncode == 2 and "--epochs and --batch-size must be at least 1" in proc.stderr
+
+
+def test_the_seam_over_torch_mpi4py_and_the_pointer_from_mpi():
+    # --backend torch-mpi4py: the seam's collectives through torch.distributed over the new backend,
+    # at an odd size, against 03's one-process references
+    out = run_mpi(3, str(EXAMPLES / "03_collectives.py"), "--backend", "torch-mpi4py", env=ENV).stdout
+    assert "all collectives agree with the one-process reference" in out
+    # torch's own "mpi" backend is absent from the pip wheels: the error says what to use instead
+    proc = run_mpi(1, str(EXAMPLES / "03_collectives.py"), "--backend", "mpi", check=False, timeout=60)
+    assert proc.returncode != 0 and "use --backend torch-mpi4py" in proc.stderr
