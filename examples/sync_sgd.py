@@ -8,7 +8,8 @@ The same file runs as one process (`python examples/sync_sgd.py`) and on many ho
 (`mpiexec -n 4 -hosts a,b python examples/sync_sgd.py`).
 
 Try: --strategy naive|flat|bucketed, --optimizer adam, --dataset toy --model ffnet,
---grad-accum 4, --checkpoint ckpt.pt then --resume ckpt.pt, --metrics-json metrics.json.
+--grad-accum 4, --checkpoint ckpt.pt then --resume ckpt.pt, --metrics-json metrics.json,
+--amp bf16, --compress bf16, --backend torch-mpi4py; on GPUs --device cuda (one per rank).
 """
 
 import torch
@@ -16,6 +17,7 @@ import torch
 from mpi_sgd import comm as mpicomm
 from mpi_sgd import data, gradsync
 from mpi_sgd.args import ArgumentParser
+from mpi_sgd.comm.gpu import local_device
 from mpi_sgd.config import TrainConfig
 from mpi_sgd.launch import pin_threads, placement
 from mpi_sgd.models import build_model
@@ -32,7 +34,7 @@ try:
     cfg = TrainConfig.from_args(args)
     dataset = data.load(cfg.dataset, cfg.seed)
     data.check_size(len(dataset), world.size, cfg.batch_size)
-    dtype, device = getattr(torch, cfg.dtype), torch.device(cfg.device)
+    dtype, device = getattr(torch, cfg.dtype), local_device(cfg.device, world.local_rank, world.local_size)
 except (ValueError, RuntimeError) as e:
     parser.error(str(e))
 
@@ -55,7 +57,8 @@ gradsync.broadcast_parameters(model, comm)
 torch.manual_seed(cfg.seed + comm.rank)
 
 optimizer = make_optimizer(cfg, model)
-sync = gradsync.make(cfg.strategy, model, comm, cfg.bucket_mb, events=[] if cfg.timeline else None)
+events = [] if cfg.timeline else None
+sync = gradsync.make(cfg.strategy, model, comm, cfg.bucket_mb, events, compress=cfg.compress)
 trainer = Trainer(model, optimizer, sync, dataset, comm, cfg)
 if cfg.resume:
     trainer.load_checkpoint(cfg.resume)

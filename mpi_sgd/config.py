@@ -11,7 +11,9 @@ import argparse
 import os
 from dataclasses import MISSING, dataclass, field, fields
 
+from .amp import MODES as AMP_MODES
 from .comm import BACKENDS
+from .comm.compress import DTYPES as COMPRESS_DTYPES
 from .data import BUILTIN
 from .gradsync import STRATEGIES
 from .models import MODELS
@@ -40,6 +42,10 @@ class TrainConfig:
     device: str = _flag("cpu", "torch device, e.g. cpu or cuda")
     backend: str = _flag("mpi4py", f"communicator: {', '.join(BACKENDS)}")
     dtype: str = _flag("float32", f"parameter and data dtype: {', '.join(DTYPES)}")
+    amp: str = _flag("none", "mixed precision: none, bf16 (autocast) or fp16 (autocast and a gradient scaler)")
+    compress: str = _flag(
+        "none", "all-reduce gradients in 16 bits: none, fp16 or bf16 (error bound in mpi_sgd/comm/compress.py)"
+    )
     max_steps: int = _flag(0, "stop after this many optimizer steps in total (0: run all epochs)")
     checkpoint: str | None = _flag(
         None, "write a checkpoint here (root rank, atomically) after each epoch and at the end", str
@@ -71,6 +77,10 @@ class TrainConfig:
         )
         check(self.backend in BACKENDS, f"unknown backend {self.backend!r}; choose one of {', '.join(BACKENDS)}")
         check(self.dtype in DTYPES, f"unknown dtype {self.dtype!r}; choose one of {', '.join(DTYPES)}")
+        check(self.amp in AMP_MODES, f"unknown --amp {self.amp!r}; choose one of {', '.join(AMP_MODES)}")
+        check(self.amp == "none" or self.dtype == "float32", f"--amp {self.amp} needs --dtype float32")
+        compress = ("none", *COMPRESS_DTYPES)
+        check(self.compress in compress, f"unknown --compress {self.compress!r}; choose one of {', '.join(compress)}")
         check(self.epochs >= 1, f"--epochs must be at least 1, got {self.epochs}")
         check(self.batch_size >= 1, f"--batch-size must be at least 1, got {self.batch_size}")
         check(

@@ -24,6 +24,7 @@ from torch.nn import functional as F
 from tqdm import tqdm
 
 from . import checkpoint, data
+from .amp import MixedPrecision
 from .config import TrainConfig
 from .gradsync import GradSync
 
@@ -54,6 +55,7 @@ class Trainer:
         self.t_sync: list[float] = []
         self.history: list[dict] = []
         self.events = sync.events  # shared with the strategy, which adds its allreduces
+        self.amp = MixedPrecision(cfg.amp, next(model.parameters()).device.type)
         if self.events is not None:
             comm.barrier()  # so every rank's timeline starts from (nearly) the same instant
         self._t0 = time.perf_counter()
@@ -72,11 +74,12 @@ class Trainer:
         for i, (xm, ym) in enumerate(zip(x.chunk(k), y.chunk(k), strict=True)):
             with self.sync.accumulate(last=i == k - 1):
                 t0 = time.perf_counter()
-                out = self.model(xm)
-                loss = self.loss_fn(out, ym)
+                with self.amp.autocast():
+                    out = self.model(xm)
+                    loss = self.loss_fn(out, ym)
                 t1 = time.perf_counter()
                 # mean over B/k samples, divided by k: the k micro-batches sum to the mean over B
-                (loss * (self.sync.loss_scale / k)).backward()
+                self.amp.backward(loss * (self.sync.loss_scale / k))
                 self._record("forward", t0, t1)
                 self._record("backward", t1, time.perf_counter())
             with torch.no_grad():
@@ -86,7 +89,7 @@ class Trainer:
                 stats[2] += len(ym)
         self.sync.wait()
         t0 = time.perf_counter()
-        self.optimizer.step()
+        self.amp.step(self.optimizer)
         end = time.perf_counter()
         self._record("optimizer", t0, end)
         self.t_sync.append(self.sync.seconds)
@@ -150,6 +153,7 @@ class Trainer:
                 "step": self.step,
                 "world_size": self.comm.size,
                 "rng": rng,
+                "amp": self.amp.state_dict(),
             }
             checkpoint.save_atomic(state, path)
 
@@ -157,6 +161,7 @@ class Trainer:
         state = checkpoint.load(path, self.comm)
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
+        self.amp.load_state_dict(state.get("amp"))
         self.epoch, self.step_in_epoch, self.step = state["epoch"], state["step_in_epoch"], state["step"]
         if state["world_size"] == self.comm.size:
             torch.set_rng_state(state["rng"][self.comm.rank])

@@ -13,7 +13,8 @@ def init(backend: str = "mpi4py", debug: bool | None = None, abort_on_error: boo
     ``mpi4py`` (the default) works at any size, ``python script.py`` included (MPI's singleton
     mode); ``local`` is world size 1 with no MPI at all; ``gloo``/``mpi``/``nccl`` are
     torch.distributed backends rendezvousing over mpi4py, and ``torch-mpi4py`` is torch.distributed
-    over this project's ``"mpi4py"`` process group (:mod:`.torch_mpi4py`). With ``abort_on_error`` an uncaught
+    over this project's ``"mpi4py"`` process group (:mod:`.torch_mpi4py`). Where CUDA is present,
+    ``mpi4py`` takes GPU tensors too (:func:`_for_gpus`). With ``abort_on_error`` an uncaught
     exception on any rank aborts the whole job instead of leaving the others waiting.
     """
     if backend not in BACKENDS:
@@ -25,7 +26,9 @@ def init(backend: str = "mpi4py", debug: bool | None = None, abort_on_error: boo
     from .mpi import MPIComm
 
     comm: Communicator = MPIComm(debug=debug)
-    if backend != "mpi4py":
+    if backend == "mpi4py":
+        comm = _for_gpus(comm)
+    else:
         from .torch_dist import TorchDistComm
 
         comm = TorchDistComm(backend, comm)
@@ -34,6 +37,21 @@ def init(backend: str = "mpi4py", debug: bool | None = None, abort_on_error: boo
 
         install_abort_hook(comm)
     return comm
+
+
+def _for_gpus(comm: Communicator) -> Communicator:
+    """GPU tensors through MPI: as they are if the library is CUDA-aware, else staged via the host."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return comm
+    from .gpu import cuda_aware
+
+    if cuda_aware():
+        return comm  # MPIComm hands device memory to MPI itself, after a stream sync
+    from .staged import StagedComm
+
+    return StagedComm(comm)
 
 
 __all__ = ["BACKENDS", "OPS", "CollectiveMismatchError", "CommError", "Communicator", "Request", "init", "split_counts"]

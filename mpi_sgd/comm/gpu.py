@@ -59,6 +59,24 @@ def _loaded_mpi_libraries() -> list[str]:
     return sorted(p for p in paths if ".so" in os.path.basename(p))
 
 
+def local_device(name: str, local_rank: int, local_size: int = 1) -> torch.device:
+    """The device ``name`` means for this rank: for ``cuda`` without an index, GPU ``local_rank`` of
+    its host (one GPU per rank), made current so that later ``cuda`` allocations land there too."""
+    device = torch.device(name)
+    if device.type != "cuda" or device.index is not None:
+        return device
+    if not torch.cuda.is_available():
+        raise ValueError(f"--device {name}: torch sees no CUDA device here (a CPU build of torch, or no GPU)")
+    if local_rank >= torch.cuda.device_count():
+        raise ValueError(
+            f"--device {name}: {local_size} ranks on this host but {torch.cuda.device_count()} GPU(s); "
+            "start at most one rank per GPU"
+        )
+    device = torch.device("cuda", local_rank)
+    torch.cuda.set_device(device)
+    return device
+
+
 def sync(t: torch.Tensor) -> None:
     """Wait until every kernel queued so far on ``t``'s current stream is done (no-op on CPU)."""
     if t.is_cuda:

@@ -56,6 +56,9 @@ def test_dataset_smaller_than_RB_is_refused():
         ({"dataset": "mnist"}, "unknown dataset 'mnist'"),
         ({"grad_accum": 3, "batch_size": 8}, "--grad-accum must divide"),
         ({"bucket_mb": 0}, "--bucket-mb must be positive"),
+        ({"amp": "fp8"}, "unknown --amp 'fp8'"),
+        ({"amp": "bf16", "dtype": "float64"}, "--amp bf16 needs --dtype float32"),
+        ({"compress": "int8"}, "unknown --compress 'int8'"),
     ],
 )
 def test_bad_config_is_refused_with_a_clear_message(kw, message):
