@@ -43,7 +43,7 @@ endif
 # The integration tests launch their own jobs with this command.
 export MPI_SGD_MPIEXEC := $(MPIEXEC)
 
-.PHONY: venv demo test test-unit test-mpi test-integration examples bench lint clean
+.PHONY: venv demo test test-unit test-mpi test-integration test-gpu examples bench lint clean
 
 venv: $(STAMP)
 
@@ -73,6 +73,14 @@ test-mpi: venv
 
 test-integration: venv
 	$(PY) -m pytest -q --timeout=$(TEST_TIMEOUT) tests/integration
+
+# GPU tests, on a host with CUDA (a CUDA build of torch: see TORCH above): one process, then one
+# rank per GPU. Without a GPU every test skips and the target succeeds.
+test-gpu: venv
+	$(PY) -m pytest -q --timeout=$(TEST_TIMEOUT) tests/gpu
+	@n=$$($(PY) -c "import torch; print(max(1, torch.cuda.device_count()))"); \
+	echo "== GPU MPI tests at mpiexec -n $$n =="; \
+	$(MPIEXEC) -n $$n $(PY) -m mpi4py -m pytest --with-mpi -x -q --timeout=$(TEST_TIMEOUT) tests/gpu/test_gpu_mpi.py
 
 examples: venv
 	@set -e; for f in examples/0*.py examples/sync_sgd.py; do \
