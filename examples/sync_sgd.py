@@ -14,12 +14,12 @@ Try: --strategy naive|flat|bucketed, --optimizer adam, --dataset toy --model ffn
 import torch
 
 from mpi_sgd import comm as mpicomm
-from mpi_sgd import data, gradsync
+from mpi_sgd import data
 from mpi_sgd.args import ArgumentParser
 from mpi_sgd.config import TrainConfig
 from mpi_sgd.launch import pin_threads, placement
-from mpi_sgd.models import build_model
-from mpi_sgd.trainer import Trainer, make_optimizer, write_json
+from mpi_sgd.report import write_json
+from mpi_sgd.trainer import Trainer
 
 parser = ArgumentParser(description=__doc__)
 TrainConfig.add_arguments(parser)
@@ -47,16 +47,10 @@ if comm.is_root:
         f"{cfg.strategy} gradient averaging over {comm.backend}"
     )
 
-# The same seed on every rank gives the same initial model; the broadcast from rank 0 makes it
-# certain. Afterwards each rank reseeds with seed + rank, since dropout masks must differ.
-torch.manual_seed(cfg.seed)
-model = build_model(cfg.model, tuple(dataset.x.shape[1:]), dataset.num_outputs).to(device, dtype)
-gradsync.broadcast_parameters(model, comm)
-torch.manual_seed(cfg.seed + comm.rank)
-
-optimizer = make_optimizer(cfg, model)
-sync = gradsync.make(cfg.strategy, model, comm, cfg.bucket_mb, events=[] if cfg.timeline else None)
-trainer = Trainer(model, optimizer, sync, dataset, comm, cfg)
+# What 05_sgd_by_hand.py writes out, from the library: one replica of cfg.model per rank, rank 0's
+# parameters broadcast to all (gradsync.broadcast_parameters), gradients averaged every step by
+# cfg.strategy (gradsync.make), and Trainer's loop of steps around them (Trainer.from_config).
+trainer = Trainer.from_config(cfg, dataset, comm)
 if cfg.resume:
     trainer.load_checkpoint(cfg.resume)
 
@@ -70,6 +64,6 @@ if comm.is_root:
         f"T_sync {1e3 * s['t_sync']:.2f} ms (slowest rank, mean after warm-up)"
     )
     if cfg.metrics_json:
-        write_json(metrics, cfg.metrics_json)
+        write_json(cfg.metrics_json, metrics)
     if cfg.timeline:
-        write_json(timeline, cfg.timeline)
+        write_json(cfg.timeline, timeline)

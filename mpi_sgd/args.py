@@ -82,7 +82,7 @@ def rank_list(text: str) -> list[int]:
 
 def nbytes(text: str) -> int:
     """'4096', '64KiB', '16MiB', '1GiB' -> bytes. 'MB' is read as MiB, as OSU does."""
-    from .bench.report import parse_bytes
+    from .report import parse_bytes
 
     try:
         return parse_bytes(text)

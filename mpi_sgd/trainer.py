@@ -14,20 +14,19 @@ backward, optimizer). Distributed training pays off when T_sync / T_comp < R - 1
 
 from __future__ import annotations
 
-import json
 import statistics
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 
 import torch
 from torch.nn import functional as F
 from tqdm import tqdm
 
-from . import checkpoint, data
+from . import checkpoint, data, gradsync
 from .config import TrainConfig
 from .gradsync import GradSync
-
-WARMUP_STEPS = 5  # left out of the timing summary: first steps pay for allocation and caches
+from .models import build_model
+from .timing import WARMUP_STEPS
 
 
 def make_optimizer(cfg: TrainConfig, model: torch.nn.Module) -> torch.optim.Optimizer:
@@ -36,18 +35,67 @@ def make_optimizer(cfg: TrainConfig, model: torch.nn.Module) -> torch.optim.Opti
     return torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum)
 
 
+@dataclass(frozen=True)
+class Step:
+    """What one optimizer step took, and the sums behind its loss and accuracy on this rank."""
+
+    t_comp: float  # forward, backward and optimizer: everything but waiting for gradients
+    t_sync: float  # blocked in gradient communication
+    stats: torch.Tensor  # float64 (loss summed over samples, correct predictions, samples)
+
+    @property
+    def seconds(self) -> float:
+        return self.t_comp + self.t_sync
+
+
+def train_step(model, optimizer, sync: GradSync, x: torch.Tensor, y: torch.Tensor, grad_accum: int = 1) -> Step:
+    """One optimizer step on this rank's batch: the step the trainer runs and every benchmark times.
+
+    Cross-entropy for class indices, mean squared error for float targets. The batch is split into
+    ``grad_accum`` micro-batches whose gradients accumulate; ``sync`` averages them over the ranks
+    once, after the last (:class:`~mpi_sgd.gradsync.LocalGradients` where nothing is averaged).
+    """
+    classification = not y.dtype.is_floating_point
+    loss_fn = F.cross_entropy if classification else F.mse_loss
+    start = time.perf_counter()
+    sync.seconds = 0.0
+    sync.zero_grad()
+    stats = torch.zeros(3, dtype=torch.float64)
+    for i, (xm, ym) in enumerate(zip(x.chunk(grad_accum), y.chunk(grad_accum), strict=True)):
+        with sync.accumulate(last=i == grad_accum - 1):
+            t0 = time.perf_counter()
+            out = model(xm)
+            loss = loss_fn(out, ym)
+            t1 = time.perf_counter()
+            # mean over B/k samples, divided by k: the k micro-batches sum to the mean over B
+            (loss * (sync.loss_scale / grad_accum)).backward()
+            sync.record("forward", t0, t1)
+            sync.record("backward", t1, time.perf_counter())
+        with torch.no_grad():
+            stats[0] += loss.detach().double() * len(ym)
+            if classification:
+                stats[1] += (out.argmax(1) == ym).sum()
+            stats[2] += len(ym)
+    sync.wait()
+    t0 = time.perf_counter()
+    optimizer.step()
+    end = time.perf_counter()
+    sync.record("optimizer", t0, end)
+    return Step(end - start - sync.seconds, sync.seconds, stats)
+
+
 class Trainer:
-    """Synchronous SGD on ``comm``: ``train()`` runs epochs of :meth:`_run_batch` steps.
+    """Synchronous SGD on ``comm``: ``train()`` runs epochs of :func:`train_step`.
 
     ``model`` must start identical on every rank (see :func:`mpi_sgd.gradsync.broadcast_parameters`)
     and ``sync`` be the gradient strategy built for it; the trainer zeroes gradients through
     ``sync``, since flat and bucketed gradients are views that ``optimizer.zero_grad()`` would drop.
+    :meth:`from_config` builds all of that from a :class:`TrainConfig`.
     """
 
     def __init__(self, model, optimizer, sync: GradSync, dataset: data.Dataset, comm, cfg: TrainConfig):
         self.model, self.optimizer, self.sync, self.comm, self.cfg = model, optimizer, sync, comm, cfg
         self.dataset = dataset
-        self.loss_fn = F.cross_entropy if dataset.classification else F.mse_loss
         self.steps_per_epoch = data.check_size(len(dataset), comm.size, cfg.batch_size)
         self.epoch = self.step_in_epoch = self.step = 0
         self.t_comp: list[float] = []
@@ -58,40 +106,27 @@ class Trainer:
             comm.barrier()  # so every rank's timeline starts from (nearly) the same instant
         self._t0 = time.perf_counter()
 
-    def _record(self, name: str, start: float, end: float) -> None:
-        if self.events is not None:
-            self.events.append((name, start, end - start))
+    @classmethod
+    def from_config(cls, cfg: TrainConfig, dataset: data.Dataset, comm) -> Trainer:
+        """``cfg.model`` trained on ``dataset`` (already in its dtype, on its device), one replica per rank.
+
+        The same seed on every rank gives the same initial model; the broadcast from rank 0 makes it
+        certain. Afterwards each rank reseeds with ``seed + rank``, since dropout masks must differ.
+        """
+        torch.manual_seed(cfg.seed)
+        model = build_model(cfg.model, tuple(dataset.x.shape[1:]), dataset.num_outputs)
+        model = model.to(dataset.x.device, dataset.x.dtype)
+        gradsync.broadcast_parameters(model, comm)
+        torch.manual_seed(cfg.seed + comm.rank)
+        sync = gradsync.make(cfg.strategy, model, comm, cfg.bucket_mb, events=[] if cfg.timeline else None)
+        return cls(model, make_optimizer(cfg, model), sync, dataset, comm, cfg)
 
     def _run_batch(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """One optimizer step on this rank's batch; returns (loss sum, correct, samples) to log."""
-        k = self.cfg.grad_accum
-        start = time.perf_counter()
-        self.sync.seconds = 0.0
-        self.sync.zero_grad()
-        stats = torch.zeros(3, dtype=torch.float64)
-        for i, (xm, ym) in enumerate(zip(x.chunk(k), y.chunk(k), strict=True)):
-            with self.sync.accumulate(last=i == k - 1):
-                t0 = time.perf_counter()
-                out = self.model(xm)
-                loss = self.loss_fn(out, ym)
-                t1 = time.perf_counter()
-                # mean over B/k samples, divided by k: the k micro-batches sum to the mean over B
-                (loss * (self.sync.loss_scale / k)).backward()
-                self._record("forward", t0, t1)
-                self._record("backward", t1, time.perf_counter())
-            with torch.no_grad():
-                stats[0] += loss.detach().double() * len(ym)
-                if self.dataset.classification:
-                    stats[1] += (out.argmax(1) == ym).sum()
-                stats[2] += len(ym)
-        self.sync.wait()
-        t0 = time.perf_counter()
-        self.optimizer.step()
-        end = time.perf_counter()
-        self._record("optimizer", t0, end)
-        self.t_sync.append(self.sync.seconds)
-        self.t_comp.append(end - start - self.sync.seconds)
-        return stats
+        """One step on this rank's batch, its times kept; returns (loss sum, correct, samples) to log."""
+        step = train_step(self.model, self.optimizer, self.sync, x, y, self.cfg.grad_accum)
+        self.t_comp.append(step.t_comp)
+        self.t_sync.append(step.t_sync)
+        return step.stats
 
     def _run_epoch(self, epoch: int) -> None:
         cfg, comm = self.cfg, self.comm
@@ -225,8 +260,3 @@ class Trainer:
             for n, s, d in events
         ]
         return {"traceEvents": trace, "displayTimeUnit": "ms"}
-
-
-def write_json(obj, path: str) -> None:
-    with open(path, "w") as f:
-        json.dump(obj, f, indent=1)

@@ -26,11 +26,13 @@ import sys
 from pathlib import Path
 
 from ..args import nbytes, positive_int, rank_list
+from ..comm import BACKENDS, TORCH_BACKENDS
 from ..launch import JobFailed, placement, run_job
-from .report import add_output_arguments, human_bytes, markdown_table, new_figure, save_results, write_json
+from ..report import add_output_arguments, human_bytes, markdown_table, new_figure, save_results, write_json
+from ..timing import WARMUP_STEPS
 
 SIZES = (10**6, 10**7, 10**8, 10**9)
-BACKENDS = ("mpi4py", "gloo", "nccl")
+CHOICES = ("mpi4py", *TORCH_BACKENDS)  # the seam's own backend beside torch.distributed's
 LARGE = 10**8
 
 
@@ -38,13 +40,13 @@ def label(n: int) -> str:
     return f"{n // 10**6}MB" if n >= 10**6 else human_bytes(n)
 
 
-def measure(comm, sizes, backends, warmup=5, iterations=10) -> list[dict]:
+def measure(comm, sizes, backends, warmup=WARMUP_STEPS, iterations=10) -> list[dict]:
     """This world's column: seconds per all-reduce for each backend and size."""
     import torch
 
     from ..comm.buffers import zeros
     from ..comm.torch_dist import TorchDistComm
-    from .timing import time_interleaved
+    from ..timing import time_interleaved
 
     rows = []
     for backend in backends:
@@ -147,8 +149,8 @@ def main(args) -> int:
 
 def _backend_list(text: str) -> list[str]:
     names = [s.strip() for s in text.split(",") if s.strip()]
-    if not names or any(n not in BACKENDS for n in names):
-        raise argparse.ArgumentTypeError(f"choose from {','.join(BACKENDS)}, got {text!r}")
+    if not names or any(n not in CHOICES for n in names):
+        raise argparse.ArgumentTypeError(f"choose from {','.join(CHOICES)}, got {text!r}")
     return names
 
 
@@ -163,7 +165,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--max-bytes", type=nbytes, default=1 << 30, help="largest size, at least 1MB (default 1GiB)")
     p.add_argument("--backends", type=_backend_list, default=["mpi4py", "gloo", "nccl"],
                    help="mpi4py (the seam), gloo, nccl (skipped without CUDA) (default all three)")  # fmt: skip
-    p.add_argument("--warmup", type=int, default=5, help="discarded calls per size (5; 1 from 100MB)")
+    p.add_argument("--warmup", type=int, default=WARMUP_STEPS,
+                   help=f"discarded calls per size ({WARMUP_STEPS}; 1 from 100MB)")  # fmt: skip
     p.add_argument("--iterations", type=positive_int, default=10, help="timed calls per size (10; 3 from 100MB)")
     add_output_arguments(p)
     p.set_defaults(func=main, parser=p)

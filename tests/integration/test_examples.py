@@ -47,6 +47,21 @@ def test_04_ring_allreduce(n, dtype):
     assert re.search(r"MPI Allreduce: +[\d.]+ ms per all-reduce", out)
 
 
+# As the README runs it at 3 ranks; one epoch at the other sizes, to keep the suite short.
+@pytest.mark.parametrize("n, args", [(1, ["--epochs", "1"]), (2, ["--epochs", "1"]), (3, []), (4, ["--epochs", "1"])])
+def test_05_sgd_by_hand_equals_one_process_at_batch_RB(n, args):
+    out = run_mpi(n, str(EXAMPLES / "05_sgd_by_hand.py"), *args, env={"OMP_NUM_THREADS": "1"}).stdout
+    assert f"{n} rank(s) x batch 16 = effective batch {16 * n}" in out
+    m = re.search(
+        rf"max \|parameter difference\| against one process at batch {16 * n}: (\S+) \(tolerance (\S+)\): agree", out
+    )
+    assert m, out
+    worst, tolerance = float(m.group(1)), float(m.group(2))
+    assert worst <= tolerance == 1e-9  # the tolerance the example states and justifies
+    if n == 1:
+        assert worst == 0.0  # one rank is the reference itself, bit for bit
+
+
 def test_examples_run_over_gloo_and_without_mpi():
     out = run_mpi(2, str(EXAMPLES / "03_collectives.py"), "--backend", "gloo").stdout
     assert "all collectives agree" in out

@@ -69,7 +69,7 @@ def test_measured_step_is_the_slowest_rank_per_step_after_warm_up():
 def test_parser_errors_exit_2(capsys):
     from mpi_sgd.cli import main
 
-    for argv in (["--ranks", "2,4"], ["--steps", "5"], ["--batches", "2048"]):
+    for argv in (["--ranks", "2,4"], ["--max-steps", "5"], ["--batches", "2048"]):
         with pytest.raises(SystemExit) as e:
             main(["bench", "validate", *argv])
         assert e.value.code == 2
