@@ -16,6 +16,8 @@ from .launch import placement
 
 
 class ArgumentParser(argparse.ArgumentParser):
+    # Descriptions keep their line breaks (module docstrings serve as --help). Sub-commands'
+    # parsers are of this class too, so they need not say so.
     def __init__(self, *args, **kwargs):
         kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
         super().__init__(*args, **kwargs)
@@ -68,7 +70,7 @@ def positive_floats(text: str) -> list[float]:
 
 
 def positive_ints(text: str) -> list[int]:
-    """'784,1024,1024,10' -> [784, 1024, 1024, 10]: each at least 1, order and repeats kept."""
+    """'8,16,16,4' -> [8, 16, 16, 4]: each at least 1, order and repeats kept."""
     values = [positive_int(part.strip()) for part in text.split(",") if part.strip()]
     if not values:
         raise argparse.ArgumentTypeError(f"expected a comma-separated list of integers, got {text!r}")

@@ -132,7 +132,6 @@ def add_parser(subparsers) -> None:
         "grid",
         help="[DDP-scaling]: training time over model size x data size (one process)",
         description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument(
         "--models", type=model_spec, default=[(0, 10), (3, 100), (3, 400)], help="LAYERSxWIDTH list (0x10,3x100,3x400)"

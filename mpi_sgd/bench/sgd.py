@@ -22,8 +22,6 @@ ratios to DDP and to ``local``. ``--bucket-mb 0.25,1,4,16`` sweeps the bucket si
 
 from __future__ import annotations
 
-import argparse
-
 import numpy as np
 import torch
 
@@ -210,7 +208,6 @@ def add_parser(kinds) -> None:
         "sgd",
         help="training step time: naive/flat/bucketed vs DDP-gloo vs no communication",
         description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument(
         "--models",

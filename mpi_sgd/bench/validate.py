@@ -37,7 +37,6 @@ predicted one is, with one configuration on each side. A miss is printed as a mi
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
@@ -266,7 +265,7 @@ def main(args) -> int:
 
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser("validate", help="predicted vs measured sync_sgd step time at R = 1, 2 (4 reported)",
-                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+                              description=__doc__)  # fmt: skip
     p.add_argument("--batches", type=rank_list, default=[1, 512],
                    help="per-rank batches, one configuration each: a small one the model says will not pay at "
                    "R = 2 and a large one it says will (default 1,512; at most 1024 for R = 4)")  # fmt: skip

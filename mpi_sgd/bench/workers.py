@@ -159,7 +159,6 @@ def add_parser(subparsers) -> None:
         "workers",
         help="[DDP-bench]'s all-reduce table: backend x workers 2/4/6 x 1MB..1GB",
         description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--workers", type=rank_list, default=[2, 4, 6], help="worker counts to launch (2,4,6)")
     p.add_argument("--max-bytes", type=nbytes, default=1 << 30, help="largest size, at least 1MB (default 1GiB)")
