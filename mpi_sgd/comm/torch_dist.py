@@ -125,16 +125,22 @@ class TorchDistComm(Communicator):
                 "some ranks of this communicator already use torch.distributed and others do not: "
                 "make the first torch communicator over every process (the world), then sub-groups"
             )
-        # torch's own numbering of this communicator's members, in our rank order
+        # torch's own numbering of this communicator's members, in our rank order: what dist.*
+        # calls take as src, dst and root
         self.torch_ranks = self.mpi.allgather_obj(dist.get_rank())
-        if self.torch_ranks != sorted(self.torch_ranks):
-            raise CommError(f"ranks {self.torch_ranks} are not in torch's order; split the communicator with key=rank")
+        if self.torch_ranks != sorted(set(self.torch_ranks)):  # in order, and all from one torch world
+            raise CommError(
+                f"torch knows these ranks as {self.torch_ranks}: they must be distinct and in order "
+                "(split the communicator with key=rank, from the world the first torch communicator spans)"
+            )
         return dist.new_group(self.torch_ranks, timeout=timeout, backend=self.backend, use_local_synchronization=True)
 
     def _init_default_group(self, timeout: datetime.timedelta) -> None:
         self.torch_ranks = list(range(self.size))
         if self.backend == "mpi":  # torch's MPI backend reads rank and size from MPI itself
             dist.init_process_group("mpi", timeout=timeout)
+            if dist.get_world_size() != self.size:
+                raise CommError("torch's MPI backend spans the whole job: make it over the world communicator")
             return
         if "MASTER_ADDR" in os.environ and "MASTER_PORT" in os.environ:
             addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
