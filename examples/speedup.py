@@ -17,7 +17,6 @@ from pathlib import Path
 from mpi_sgd import perfmodel as pm
 from mpi_sgd.args import ArgumentParser, nbytes, nonneg_float, positive_float, positive_int, positive_ints, rank_list
 from mpi_sgd.calibrate import Calibration, run_calibration
-from mpi_sgd.models import BENCHMARK_MLP
 from mpi_sgd.report import markdown_table
 
 parser = ArgumentParser(description=__doc__)
@@ -28,7 +27,7 @@ flag("--calibration", type=Path, help="JSON written by --calibrate --save")
 flag("--calibrate", action="store_true", help="measure T_comp, α, β here (one process starts mpiexec -n 2)")
 flag("--save", type=Path, help="with --calibrate: write the calibration to this JSON file")
 flag("--max-bytes", type=nbytes, default=16 << 20, help="with --calibrate: largest all-reduce (16MiB)")
-flag("--layers", type=positive_ints, default=list(BENCHMARK_MLP), help="with --calibrate: MLP widths to time")
+flag("--layers", type=positive_ints, help="with --calibrate: MLP widths to time (default: --model mlp's)")
 flag("--alpha", type=nonneg_float, help="latency per message, seconds")
 flag("--beta", type=nonneg_float, help="seconds per byte sent (1/bandwidth)")
 flag("--gamma", type=nonneg_float, default=0.0, help="seconds per byte reduced (default 0)")
@@ -53,7 +52,7 @@ if args.t_sync is None and not (network_given or measured):
     parser.error("give --t-sync, --alpha/--beta, --network or a calibration")
 if args.t_sync is None and not (args.params or measured):
     parser.error("an α-β cost needs --params (the gradient size) unless a calibration supplies it")
-if len(args.layers) < 2:
+if args.layers is not None and len(args.layers) < 2:
     parser.error("--layers needs at least an input and an output width, e.g. 784,1024,10")
 if args.scaling == "strong" and max(args.ranks) > args.batch_size:
     parser.error(f"strong scaling splits --batch-size {args.batch_size} over up to {max(args.ranks)} ranks")

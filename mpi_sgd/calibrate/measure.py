@@ -10,7 +10,6 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ..models import BENCHMARK_MLP
 from ..perfmodel import Network
 from ..timing import WARMUP_STEPS, time_interleaved
 from .fit import fit_line, fit_network
@@ -104,7 +103,7 @@ def measure_step(
 def calibrate(
     comm,
     sizes: Sequence[int] | None = None,
-    layers: Sequence[int] = BENCHMARK_MLP,
+    layers: Sequence[int] | None = None,
     batch: int = 64,
     algorithm: str = "ring",
     strategy: str = "flat",
@@ -112,15 +111,17 @@ def calibrate(
     """Measure T_comp on every rank (the slowest sets the pace) and, at two or more ranks, α, β, γ.
 
     Collective: every rank must call it. At one rank only T_comp and γ are measured, and the
-    network is left at zero cost; the caller decides what to do about that.
+    network is left at zero cost; the caller decides what to do about that. ``layers`` are the
+    widths of the MLP whose step is timed (``--model mlp``'s by default).
     """
-    import torch
+    import torch  # here, not above: reading a calibration needs no torch
 
     from ..launch import pin_threads
+    from ..models import BENCHMARK_MLP
 
     pin_threads(comm.local_size)
     torch.manual_seed(0)
-    step = measure_step(layers, batch, strategy=strategy)
+    step = measure_step(BENCHMARK_MLP if layers is None else layers, batch, strategy=strategy)
     slowest = max(comm.allgather_obj(step.seconds))
     step = StepTiming(slowest, step.batch, step.params, step.model, step.torch_threads)
     # Every rank must fit with the same γ to end with the same network; ranks reduce concurrently in

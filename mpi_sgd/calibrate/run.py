@@ -6,7 +6,6 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..models import BENCHMARK_MLP
 from ..perfmodel import ALLREDUCE_ALGORITHMS
 from .measure import calibrate, sweep_sizes
 from .records import Calibration
@@ -15,7 +14,7 @@ from .records import Calibration
 def run_calibration(
     save: str | os.PathLike | None = None,
     max_bytes: int = 16 << 20,
-    layers: Sequence[int] = BENCHMARK_MLP,
+    layers: Sequence[int] | None = None,
     batch_size: int = 64,
     algorithm: str = "ring",
     need_network: bool = True,
@@ -34,7 +33,8 @@ def run_calibration(
         import tempfile
 
         out = Path(save) if save else Path(tempfile.mkdtemp()) / "calibration.json"
-        flags = ["--max-bytes", str(max_bytes), "--layers", ",".join(map(str, layers)), "--batch-size", str(batch_size),
+        layers_flag = ["--layers", ",".join(map(str, layers))] if layers else []
+        flags = ["--max-bytes", str(max_bytes), *layers_flag, "--batch-size", str(batch_size),
                  "--strategy", strategy]  # fmt: skip
         run_job(spawn_ranks, "-m", "mpi_sgd.calibrate", "--save", str(out), *flags, "--algorithm", algorithm)
         return Calibration.load(out)
@@ -53,6 +53,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """``mpiexec -n 2 python -m mpi_sgd.calibrate --save FILE``: measure, and the root saves."""
     from ..args import ArgumentParser, nbytes, positive_int, positive_ints
     from ..gradsync import STRATEGIES
+    from ..models import BENCHMARK_MLP
 
     parser = ArgumentParser(prog="python -m mpi_sgd.calibrate", description=main.__doc__)
     parser.add_argument("--save", type=Path, required=True, help="JSON file to write (on the root rank)")

@@ -181,7 +181,12 @@ def test_perfmodel_imports_neither_mpi_nor_torch():
     import subprocess
     import sys
 
-    code = "import sys, mpi_sgd.perfmodel; print(sorted(m for m in ('mpi4py', 'torch') if m in sys.modules))"
+    # ... nor does reading a calibration: the speedup calculator imports both, and starting torch
+    # would cost every run of it seconds.
+    code = (
+        "import sys, mpi_sgd.perfmodel, mpi_sgd.calibrate, mpi_sgd.report; "
+        "print(sorted(m for m in ('mpi4py', 'torch') if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 
