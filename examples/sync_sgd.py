@@ -16,9 +16,10 @@ import torch
 from mpi_sgd import comm as mpicomm
 from mpi_sgd import data, gradsync
 from mpi_sgd.args import ArgumentParser
+from mpi_sgd.checkpoint import CheckpointError
 from mpi_sgd.config import TrainConfig
 from mpi_sgd.launch import pin_threads, placement
-from mpi_sgd.models import build_model
+from mpi_sgd.models import build_model, check_input
 from mpi_sgd.trainer import Trainer, make_optimizer, write_json
 
 parser = ArgumentParser(description=__doc__)
@@ -27,40 +28,45 @@ args = parser.parse_args()
 
 # Everything that can be wrong with the input is found here, before MPI starts, identically on
 # every rank: each exits with status 2 and no rank waits for another in a collective.
+# The same seed on every rank gives the same initial model (the broadcast below makes it certain).
 world = placement()
 try:
     cfg = TrainConfig.from_args(args)
-    dataset = data.load(cfg.dataset, cfg.seed)
-    data.check_size(len(dataset), world.size, cfg.batch_size)
+    cfg.check_machine(world.size)
+    train, val = data.prepare(cfg.dataset, cfg.seed, cfg.val_fraction)  # val: held out, same on every rank
+    data.check_size(len(train), world.size, cfg.batch_size)
     dtype, device = getattr(torch, cfg.dtype), torch.device(cfg.device)
+    torch.manual_seed(cfg.seed)
+    model = build_model(cfg.model, tuple(train.x.shape[1:]), train.num_outputs)  # CPU until a GPU is picked
+    check_input(model, train.x[:2], cfg.model)
 except (ValueError, RuntimeError) as e:
-    parser.error(str(e))
+    parser.fail(str(e))
 
 comm = mpicomm.init(cfg.backend)
 pin_threads(comm.local_size)  # ranks on one host share its cores instead of oversubscribing them
-dataset = dataset.to(dtype, device)
+model, train = model.to(device, dtype), train.to(dtype, device)
+val = val.to(dtype, device) if val is not None else None
 if comm.is_root:
-    task = "classification" if dataset.classification else "regression"
+    task = "classification" if train.classification else "regression, targets standardised"
     print(
-        f"{cfg.model} on {dataset.name} ({len(dataset)} samples, {task}); {comm.size} rank(s) x "
-        f"batch {cfg.batch_size} = effective batch {comm.size * cfg.batch_size}; "
+        f"{cfg.model} on {train.name} ({len(train)} samples, {len(val) if val else 0} held out; {task}); "
+        f"{comm.size} rank(s) x batch {cfg.batch_size} = effective batch {comm.size * cfg.batch_size}; "
         f"{cfg.strategy} gradient averaging over {comm.backend}"
     )
 
-# The same seed on every rank gives the same initial model; the broadcast from rank 0 makes it
-# certain. Afterwards each rank reseeds with seed + rank, since dropout masks must differ.
-torch.manual_seed(cfg.seed)
-model = build_model(cfg.model, tuple(dataset.x.shape[1:]), dataset.num_outputs).to(device, dtype)
 gradsync.broadcast_parameters(model, comm)
-torch.manual_seed(cfg.seed + comm.rank)
+torch.manual_seed(cfg.seed + comm.rank)  # dropout masks must differ between ranks
 
 optimizer = make_optimizer(cfg, model)
 sync = gradsync.make(cfg.strategy, model, comm, cfg.bucket_mb, events=[] if cfg.timeline else None)
-trainer = Trainer(model, optimizer, sync, dataset, comm, cfg)
+trainer = Trainer(model, optimizer, sync, train, comm, cfg, val=val)
 if cfg.resume:
-    trainer.load_checkpoint(cfg.resume)
+    try:
+        trainer.load_checkpoint(cfg.resume)  # the root reads it; every rank gets the same verdict
+    except CheckpointError as e:
+        parser.fail(str(e))
 
-metrics = trainer.train()
+metrics = trainer.train()  # a loss of inf or nan stops the job with a message (TrainingDiverged)
 timeline = trainer.timeline() if cfg.timeline else None
 
 if comm.is_root:
