@@ -64,7 +64,8 @@ $(STAMP): pyproject.toml Makefile
 
 # torch alone, before everything else, so that the build chosen here is the one the rest keeps.
 # The local wheel is tried with --no-index and the CPU index is probed with a 5 s timeout, so an
-# unreachable index costs seconds, not pip's retries.
+# unreachable index costs seconds, not pip's retries. For cuda, == becomes === (the exact version
+# string): pip ranks a local 2.13.0+cpu above the index's 2.13.0 and would otherwise take it.
 venv-torch:
 	@build=$(TORCH_BUILD); \
 	if [ "$$build" = auto ]; then \
@@ -72,7 +73,7 @@ venv-torch:
 	fi; \
 	if [ "$$build" = cuda ]; then \
 	  echo "torch: $(TORCH), the package index's build (CUDA on Linux x86_64)"; \
-	  $(PY) -m pip install -q "$(TORCH)"; \
+	  $(PY) -m pip install -q "$(subst ==,===,$(TORCH))"; \
 	elif [ "$$build" != cpu ]; then \
 	  echo "TORCH_BUILD must be auto, cpu or cuda, not '$$build'" >&2; exit 2; \
 	elif $(PY) -m pip install -q --no-index --no-deps "$(TORCH)" 2>/dev/null; then \

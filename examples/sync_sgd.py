@@ -8,7 +8,8 @@ The same file runs as one process (`python examples/sync_sgd.py`) and on many ho
 (`mpiexec -n 4 -hosts a,b python examples/sync_sgd.py`).
 
 Try: --strategy naive|flat|bucketed, --optimizer adam, --dataset toy --model ffnet,
---grad-accum 4, --checkpoint ckpt.pt then --resume ckpt.pt, --metrics-json metrics.json.
+--dataset your.npz, --val-fraction 0.2, --grad-accum 4, --checkpoint ckpt.pt then
+--resume ckpt.pt, --metrics-json metrics.json.
 """
 
 import torch

@@ -83,7 +83,9 @@ def test_cpu_machine_with_neither_says_it_falls_back_to_the_cuda_build(tmp_path)
 @needs_make
 def test_gpu_machine_gets_the_cuda_build_unless_told_cpu(tmp_path):
     rc, out, _, calls = venv_torch(tmp_path, local_wheel=True, cpu_index=True, gpu=True)
-    assert rc == 0 and "CUDA on Linux x86_64" in out and calls == ["-m pip install -q torch==2.13.0"]
+    assert (
+        rc == 0 and "CUDA on Linux x86_64" in out and calls == ["-m pip install -q torch===2.13.0"]
+    )  # === : not a local +cpu
     (tmp_path / "told").mkdir()
     rc, out, _, _ = venv_torch(tmp_path / "told", local_wheel=True, cpu_index=True, gpu=True, build="cpu")
     assert rc == 0 and "CPU build" in out
