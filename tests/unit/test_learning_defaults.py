@@ -17,8 +17,13 @@ import torch
 from mpi_sgd import data, gradsync
 from mpi_sgd.comm.local import LocalComm
 from mpi_sgd.config import TrainConfig
+from mpi_sgd.launch import placement
 from mpi_sgd.models import MODELS, build_model
 from mpi_sgd.trainer import Trainer, TrainingDiverged, make_optimizer
+
+# One process, the same numbers on any rank: under `mpirun -n 2 pytest --with-mpi` rank 0 runs
+# these (the slowest unit tests) and the other ranks, which would only repeat them, skip.
+pytestmark = pytest.mark.skipif(placement().rank > 0, reason="one-process test, run by rank 0")
 
 # Every model with every built-in dataset, except LeNet off images (refused with a message; see
 # test_one_line_errors.py): the pairs `--model` and `--dataset` in `--help` can name.
