@@ -227,11 +227,10 @@ class Trainer:
             if self.step_in_epoch:
                 self.epoch, self.step_in_epoch = self.epoch + 1, 0
         if self.epoch >= self.cfg.epochs or self._done():
+            limit = f"--epochs {self.cfg.epochs}" + (f" --max-steps {self.cfg.max_steps}" if self.cfg.max_steps else "")
             raise checkpoint.CheckpointError(
                 f"checkpoint {path!r} is already at epoch {self.epoch}, step {self.step}: nothing is left to train "
-                f"with --epochs {self.cfg.epochs}"
-                + (f" --max-steps {self.cfg.max_steps}" if self.cfg.max_steps else "")
-                + "; raise them to train on"
+                f"with {limit}; raise {'them' if self.cfg.max_steps else 'it'} to train on"
             )
 
     # -- measurements -----------------------------------------------------------------------
