@@ -38,7 +38,7 @@ flag("--ranks", type=rank_list, default=[1, 2, 4, 8], help="R values (default 1,
 flag("--samples", type=positive_int, default=60_000, help="N, samples per epoch (default 60000)")
 flag("--batch-size", type=positive_int, default=64, help="B: per-rank (weak) or global (strong) batch (64)")
 flag("--scaling", choices=pm.SCALINGS, default="weak", help="weak: fixed per-rank B; strong: fixed global B")
-flag("--plot", type=Path, default=Path("results/speedup.png"), help="PNG to write (results/speedup.png)")
+flag("--plot", type=Path, help="also draw speedup against R into this PNG, e.g. results/speedup.png")
 args = parser.parse_args()
 
 # Every check that can fail does so here, before a rank starts measuring or communicating.
@@ -90,5 +90,6 @@ print(f"N = {args.samples} samples, B = {args.batch_size} ({args.scaling} scalin
 print(markdown_table(pm.TABLE_HEADERS, pm.table_rows(points)))
 print("\ndistribution pays iff T_sync/T_comp < R - 1 ([S-SGD])")
 
-args.plot.parent.mkdir(parents=True, exist_ok=True)
-print(f"plot written to {pm.plot_scaling(points, args.plot, sync.describe())}")
+if args.plot:
+    args.plot.parent.mkdir(parents=True, exist_ok=True)
+    print(f"plot written to {pm.plot_scaling(points, args.plot, sync.describe())}")

@@ -8,7 +8,8 @@ The same file runs as one process (`python examples/sync_sgd.py`) and on many ho
 (`mpiexec -n 4 -hosts a,b python examples/sync_sgd.py`).
 
 Try: --strategy naive|flat|bucketed, --optimizer adam, --dataset toy --model ffnet,
---grad-accum 4, --checkpoint ckpt.pt then --resume ckpt.pt, --metrics-json metrics.json.
+--dataset your.npz, --val-fraction 0.2, --grad-accum 4, --checkpoint ckpt.pt then
+--resume ckpt.pt, --metrics-json metrics.json.
 """
 
 import torch
@@ -16,8 +17,10 @@ import torch
 from mpi_sgd import comm as mpicomm
 from mpi_sgd import data
 from mpi_sgd.args import ArgumentParser
+from mpi_sgd.checkpoint import CheckpointError
 from mpi_sgd.config import TrainConfig
 from mpi_sgd.launch import pin_threads, placement
+from mpi_sgd.models import build_model, check_input
 from mpi_sgd.report import write_json
 from mpi_sgd.trainer import Trainer
 
@@ -30,31 +33,38 @@ args = parser.parse_args()
 world = placement()
 try:
     cfg = TrainConfig.from_args(args)
-    dataset = data.load(cfg.dataset, cfg.seed)
-    data.check_size(len(dataset), world.size, cfg.batch_size)
+    cfg.check_machine(world.size)
+    train, val = data.prepare(cfg.dataset, cfg.seed, cfg.val_fraction)  # val: held out, same on every rank
+    data.check_size(len(train), world.size, cfg.batch_size)
     dtype, device = getattr(torch, cfg.dtype), torch.device(cfg.device)
+    # a CPU replica only to try the data's shape on; Trainer.from_config builds the real one
+    check_input(build_model(cfg.model, tuple(train.x.shape[1:]), train.num_outputs), train.x[:2], cfg.model)
 except (ValueError, RuntimeError) as e:
-    parser.error(str(e))
+    parser.fail(str(e))
 
 comm = mpicomm.init(cfg.backend)
 pin_threads(comm.local_size)  # ranks on one host share its cores instead of oversubscribing them
-dataset = dataset.to(dtype, device)
+train = train.to(dtype, device)
+val = val.to(dtype, device) if val is not None else None
 if comm.is_root:
-    task = "classification" if dataset.classification else "regression"
+    task = "classification" if train.classification else "regression, targets standardised"
     print(
-        f"{cfg.model} on {dataset.name} ({len(dataset)} samples, {task}); {comm.size} rank(s) x "
-        f"batch {cfg.batch_size} = effective batch {comm.size * cfg.batch_size}; "
+        f"{cfg.model} on {train.name} ({len(train)} samples, {len(val) if val else 0} held out; {task}); "
+        f"{comm.size} rank(s) x batch {cfg.batch_size} = effective batch {comm.size * cfg.batch_size}; "
         f"{cfg.strategy} gradient averaging over {comm.backend}"
     )
 
 # What 05_sgd_by_hand.py writes out, from the library: one replica of cfg.model per rank, rank 0's
 # parameters broadcast to all (gradsync.broadcast_parameters), gradients averaged every step by
 # cfg.strategy (gradsync.make), and Trainer's loop of steps around them (Trainer.from_config).
-trainer = Trainer.from_config(cfg, dataset, comm)
+trainer = Trainer.from_config(cfg, train, comm, val=val)
 if cfg.resume:
-    trainer.load_checkpoint(cfg.resume)
+    try:
+        trainer.load_checkpoint(cfg.resume)  # the root reads it; every rank gets the same verdict
+    except CheckpointError as e:
+        parser.fail(str(e))
 
-metrics = trainer.train()
+metrics = trainer.train()  # a loss of inf or nan stops the job with a message (TrainingDiverged)
 timeline = trainer.timeline() if cfg.timeline else None
 
 if comm.is_root:

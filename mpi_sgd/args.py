@@ -25,6 +25,11 @@ class ArgumentParser(argparse.ArgumentParser):
     def error(self, message: str):
         if placement().rank == 0:
             self.print_usage(sys.stderr)
+        self.fail(message)
+
+    def fail(self, message: str):
+        """A value this run cannot use (rather than a malformed command line): one line, no usage."""
+        if placement().rank == 0:
             sys.stderr.write(f"{self.prog}: error: {message}\n")
         sys.exit(2)
 

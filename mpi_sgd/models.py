@@ -90,10 +90,28 @@ def build_model(name: str, input_shape: tuple[int, ...], num_outputs: int) -> nn
     if name == "simplenet":
         return SimpleNet(features, num_classes=num_outputs)
     if name == "lenet":
-        side = math.isqrt(features)
-        if side * side != features or side < 4:
+        # Convolutions need neighbouring pixels: a flat feature vector is refused, not guessed into a square.
+        image = input_shape[-2:] if len(input_shape) in (2, 3) and input_shape[:-2] in ((), (1,)) else None
+        if image is None or image[0] != image[1] or image[0] < 4:
             raise ValueError(
-                f"lenet needs square one-channel images of side >= 4; inputs here have {features} features"
+                f"--model lenet needs square one-channel images, samples of shape (1, H, H) or (H, H) with "
+                f"H >= 4; these samples have shape {tuple(input_shape)} (use ffnet, mlp or simplenet)"
             )
-        return LeNet(side, num_outputs)
+        return LeNet(image[0], num_outputs)
     raise ValueError(f"unknown model {name!r}; choose one of {', '.join(MODELS)}")
+
+
+def check_input(model: nn.Module, x: torch.Tensor, name: str) -> None:
+    """Run two samples of ``x`` through ``model`` (no gradient, dropout off), so that inputs the model
+    cannot take fail here, in one line, rather than in the first training step on every rank."""
+    training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            model(x[:2])
+    except RuntimeError as e:
+        raise ValueError(
+            f"--model {name} cannot take samples of shape {tuple(x.shape[1:])}: {str(e).splitlines()[0]}"
+        ) from None
+    finally:
+        model.train(training)

@@ -73,6 +73,18 @@ def backend_available(name: str) -> bool:
     return {"gloo": dist.is_gloo_available, "mpi": dist.is_mpi_available, "nccl": dist.is_nccl_available}[name]()
 
 
+def unavailable(name: str) -> str | None:
+    """Why backend ``name`` cannot run with this torch, and what to use instead; None if it can."""
+    if backend_available(name):
+        return None
+    return {
+        "mpi": "this torch was built without MPI (the pip wheels are); build torch from source "
+        "against your MPI, or use --backend mpi4py (the default) or gloo",
+        "nccl": "this torch has no NCCL (a CPU build, or no CUDA); use gloo or mpi4py",
+        "gloo": "this torch was built without gloo",
+    }[name]
+
+
 class TorchDistComm(Communicator):
     """A :class:`Communicator` over a ``torch.distributed`` process group of its own.
 
@@ -95,14 +107,8 @@ class TorchDistComm(Communicator):
     def __init__(self, backend: str, mpi: Communicator, timeout_s: float = 300.0):
         if backend not in TORCH_BACKENDS:
             raise ValueError(f"unknown torch.distributed backend {backend!r}; choose one of {TORCH_BACKENDS}")
-        if not backend_available(backend):
-            hint = {
-                "mpi": "this torch was built without MPI (the pip wheels are); build torch from source "
-                "against your MPI, or use --backend mpi4py (the default) or gloo",
-                "nccl": "this torch has no NCCL (a CPU build, or no CUDA); use gloo or mpi4py",
-                "gloo": "this torch was built without gloo",
-            }[backend]
-            raise CommError(f"torch.distributed backend {backend!r} is not available: {hint}")
+        if unavailable(backend):
+            raise CommError(f"torch.distributed backend {backend!r} is not available: {unavailable(backend)}")
         self.backend = backend
         self.mpi = mpi
         self.rank, self.size = mpi.rank, mpi.size
