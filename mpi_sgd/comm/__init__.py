@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from .base import OPS, CollectiveMismatchError, CommError, Communicator, Request, split_counts
 
-BACKENDS = ("mpi4py", "local", "torch-mpi4py", "gloo", "mpi", "nccl")
+# torch.distributed's, behind TorchDistComm; torch-mpi4py is torch over this project's "mpi4py" group
+TORCH_BACKENDS = ("torch-mpi4py", "gloo", "mpi", "nccl")
+BACKENDS = ("mpi4py", "local", *TORCH_BACKENDS)  # every name init() accepts
 
 
 def init(backend: str = "mpi4py", debug: bool | None = None, abort_on_error: bool = True) -> Communicator:
@@ -14,27 +16,35 @@ def init(backend: str = "mpi4py", debug: bool | None = None, abort_on_error: boo
     mode); ``local`` is world size 1 with no MPI at all; ``gloo``/``mpi``/``nccl`` are
     torch.distributed backends rendezvousing over mpi4py, and ``torch-mpi4py`` is torch.distributed
     over this project's ``"mpi4py"`` process group (:mod:`.torch_mpi4py`). Where CUDA is present,
-    ``mpi4py`` takes GPU tensors too (:func:`_for_gpus`). With ``abort_on_error`` an uncaught
-    exception on any rank aborts the whole job instead of leaving the others waiting.
+    ``mpi4py`` takes GPU tensors too (:func:`_for_gpus`). With ``debug`` (default: the
+    ``MPI_SGD_DEBUG`` environment variable) the communicator is wrapped in a
+    :class:`~mpi_sgd.comm.checked.CheckedComm`, which compares every collective's arguments across
+    ranks first. With ``abort_on_error`` an uncaught exception on any rank aborts the whole job
+    instead of leaving the others waiting.
     """
+    from ..launch import env_flag, install_abort_hook
+
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
     if backend == "local":
         from .local import LocalComm
 
-        return LocalComm()
-    from .mpi import MPIComm
-
-    comm: Communicator = MPIComm(debug=debug)
-    if backend == "mpi4py":
-        comm = _for_gpus(comm)
+        comm: Communicator = LocalComm()
     else:
-        from .torch_dist import TorchDistComm
+        from .mpi import MPIComm
 
-        comm = TorchDistComm(backend, comm)
+        comm = MPIComm()
+        if backend == "mpi4py":
+            comm = _for_gpus(comm)
+        else:
+            from .torch_dist import TorchDistComm
+
+            comm = TorchDistComm(backend, comm)
+    if env_flag("MPI_SGD_DEBUG") if debug is None else debug:
+        from .checked import CheckedComm
+
+        comm = CheckedComm(comm)
     if abort_on_error:
-        from ..launch import install_abort_hook
-
         install_abort_hook(comm)
     return comm
 
@@ -54,4 +64,14 @@ def _for_gpus(comm: Communicator) -> Communicator:
     return StagedComm(comm)
 
 
-__all__ = ["BACKENDS", "OPS", "CollectiveMismatchError", "CommError", "Communicator", "Request", "init", "split_counts"]
+__all__ = [
+    "BACKENDS",
+    "TORCH_BACKENDS",
+    "OPS",
+    "CollectiveMismatchError",
+    "CommError",
+    "Communicator",
+    "Request",
+    "init",
+    "split_counts",
+]
