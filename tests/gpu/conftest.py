@@ -1,7 +1,8 @@
 """GPU tests: run by ``make test-gpu`` on a host with CUDA; everywhere else they skip, cleanly.
 
 ``make test-gpu`` runs the single-process ones, then the MPI ones under ``mpiexec -n G`` with G the
-number of GPUs (one rank per GPU). Plain ``make test`` never collects this directory.
+number of GPUs (one rank per GPU). ``make test`` reaches this directory only through
+``mpirun -n 2 pytest --with-mpi`` (every test under ``tests/``), where without CUDA all of them skip.
 """
 
 from __future__ import annotations

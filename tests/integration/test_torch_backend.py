@@ -1,8 +1,9 @@
 """The "mpi4py" torch.distributed backend launched as users launch it: under mpiexec.
 
-``make test`` runs tests/mpi at -n 1, 2, 3; here the backend's MPI tests run at -n 4 as well, in
-a fresh job where they are the first to touch torch.distributed, so the default group is
-started by ``dist.init_process_group("mpi4py")`` with no address, port, rank or size given.
+``make test`` runs tests/mpi at -n 1 and 3, and at -n 2 through ``mpirun -n 2 pytest``; here the
+backend's MPI tests run at -n 4 as well, in a fresh job where they are the first to touch
+torch.distributed, so the default group is started by ``dist.init_process_group("mpi4py")`` with
+no address, port, rank or size given.
 """
 
 from __future__ import annotations

@@ -38,7 +38,7 @@ def test_requires_grad_rejected(mpicomm):
 
 
 def test_other_device_rejected(mpicomm):
-    with pytest.raises(CommError, match="not declared CUDA-aware.*nccl"):
+    with pytest.raises(CommError, match="not CUDA-aware.*nccl"):
         mpicomm.allreduce(torch.zeros(3, device="meta"))
 
 
