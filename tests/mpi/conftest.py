@@ -1,7 +1,8 @@
 """Every test here runs its body against each communicator (the mpi4py tests' mixin idea):
 COMM_WORLD, a duplicate of it, COMM_SELF (size 1 inside any job), the size-1 LocalComm,
-torch.distributed's gloo, and torch.distributed over this project's "mpi4py" process group. Tests are collected in the same order on every rank, which pytest-mpi
-relies on: ranks must enter the same collectives in the same order."""
+torch.distributed's gloo, and torch.distributed over this project's "mpi4py" process group.
+Tests are collected in the same order on every rank, which pytest-mpi relies on: ranks must
+enter the same collectives in the same order."""
 
 from __future__ import annotations
 

@@ -11,9 +11,9 @@ must integer reductions and min/max. Floating sums and products: gloo and MPI ma
 :func:`tests.helpers.tolerance`); with one or two ranks there is only one order (``a + b`` is
 ``b + a``), so there both backends must agree bit for bit.
 
-Run at -n 1, 2, 3 by ``make test`` (2 as ``mpirun -n 2 pytest``); at -n 4 by the integration tests, where this module is also
-the first to touch torch.distributed and so starts the default group with
-``init_process_group("mpi4py")``.
+Run at -n 1, 2, 3 by ``make test`` (2 as ``mpirun -n 2 pytest``); at -n 4 by the integration
+tests, where this module is also the first to touch torch.distributed and so starts the default
+group with ``init_process_group("mpi4py")``.
 """
 
 from __future__ import annotations
