@@ -24,6 +24,12 @@ outside, so this is the one measure all variants share). With ``ddp-mpi4py``, ``
 ``bucketed`` and ``local`` all in the run, two ratios follow the table: ddp-mpi4py's exposed
 communication over ddp-gloo's, and ddp-mpi4py's step over bucketed's. ``--bucket-mb 0.25,1,4,16``
 sweeps the bucket size.
+
+``--backend`` picks the communicator of the strategies and of ``comm-only`` (the seam's mpi4py by
+default; ``nccl`` with ``--device cuda``), ``--device cuda`` runs on one GPU per local rank, the
+clock read after ``torch.cuda.synchronize()``. On one GPU, ``mpiexec -n 1 mpi-sgd bench sgd
+--device cuda --backend nccl --variants local,bucketed`` puts the trainer's step over NCCL beside
+the same step with no communication: what world size 1 costs on top of a plain torch loop.
 """
 
 from __future__ import annotations
@@ -33,7 +39,9 @@ import torch
 
 from .. import gradsync
 from ..args import positive_floats
+from ..comm import BACKENDS
 from ..comm.buffers import zeros
+from ..launch import placement
 from ..models import BENCHMARK_MLP, build_model
 from ..report import add_output_arguments, markdown_table, new_figure, save_results
 from ..timing import WARMUP_STEPS, time_interleaved
@@ -57,9 +65,9 @@ def _step_fn(model, optimizer, sync, x, y, record, blocked: bool):
     return step
 
 
-def _build(name: str, comm, seed: int):
+def _build(name: str, comm, seed: int, device=None):
     torch.manual_seed(seed)
-    model = build_model(name, (FEATURES,), CLASSES)
+    model = build_model(name, (FEATURES,), CLASSES).to(device or "cpu")
     gradsync.broadcast_parameters(model, comm)
     return model
 
@@ -84,20 +92,21 @@ def _spread(samples) -> dict:
     return {"avg": float(a.mean()), "std": float(a.std(ddof=1)) if a.size > 1 else 0.0}
 
 
-def bench_model(comm, name: str, args, ddp_groups: dict | None = None) -> list[dict]:
+def bench_model(comm, name: str, args, ddp_groups: dict | None = None, device=None) -> list[dict]:
     from torch.nn.parallel import DistributedDataParallel
 
+    device = device or torch.device("cpu")
     g = torch.Generator().manual_seed(args.seed + comm.rank)  # each rank its own batch
-    x = torch.randn(args.batch_size, FEATURES, generator=g)
-    y = torch.randint(CLASSES, (args.batch_size,), generator=g)
+    x = torch.randn(args.batch_size, FEATURES, generator=g).to(device)
+    y = torch.randint(CLASSES, (args.batch_size,), generator=g).to(device)
     sweep = len(args.bucket_mb) > 1
     calls, records = {}, {}
     for variant, mb in variants(args.variants, args.bucket_mb):
         key = label(variant, mb, sweep)
-        model = _build(name, comm, args.seed)
+        model = _build(name, comm, args.seed, device)
         torch.manual_seed(args.seed + comm.rank)  # dropout masks differ per rank
         if variant == "comm-only":
-            grads = zeros(sum(p.numel() for p in model.parameters()))
+            grads = zeros(sum(p.numel() for p in model.parameters()), device=device)
             calls[key] = lambda grads=grads: comm.allreduce(grads, "sum")
             continue
         if variant in gradsync.STRATEGIES:
@@ -110,7 +119,8 @@ def bench_model(comm, name: str, args, ddp_groups: dict | None = None) -> list[d
         records[key] = []
         calls[key] = _step_fn(model, optimizer, sync, x, y, records[key], variant in gradsync.STRATEGIES)
     iterations = args.steps_per_round * args.rounds
-    times = time_interleaved(comm, calls, iterations=iterations, warmup=args.warmup, rounds=args.rounds)
+    gpu = torch.cuda.synchronize if device.type == "cuda" else None  # kernels finish after the call returns
+    times = time_interleaved(comm, calls, iterations=iterations, warmup=args.warmup, rounds=args.rounds, sync=gpu)
     rows = []
     for key in calls:
         steps = records.get(key, [])[args.warmup :]  # what the warm-up ran is not timed
@@ -208,19 +218,22 @@ def plot(rows, path) -> None:
 
 
 def main(comm, args) -> int:
+    from ..comm.gpu import local_device
     from ..comm.torch_dist import TorchDistComm
     from ..launch import pin_threads
 
     threads = pin_threads(comm.local_size)
+    device = local_device(args.device, comm.local_rank, comm.local_size)
     # Each DDP runs on its own communicator's group, passed explicitly (the first one made also
     # sets up torch's default group; the next gets a new group of its own backend).
     ddp_groups = {v: TorchDistComm(b, comm).group for v, b in DDP_BACKENDS.items() if v in args.variants}
     rows = []
     for name in args.models:
-        rows += bench_model(comm, name, args, ddp_groups)
+        rows += bench_model(comm, name, args, ddp_groups, device)
     if comm.is_root:
         print(
-            f"training step, {comm.size} ranks x batch {args.batch_size}, {threads} torch thread(s) per rank, "
+            f"training step on {device.type}, strategies over {comm.backend}, {comm.size} ranks x batch "
+            f"{args.batch_size}, {threads} torch thread(s) per rank, "
             f"bucket {','.join(f'{mb:g}' for mb in args.bucket_mb)} MB, median of {args.rounds} interleaved "
             f"blocks of {args.steps_per_round} steps, slowest rank; ± std over its steps; comm = time blocked in "
             "gradient communication\n"
@@ -229,7 +242,8 @@ def main(comm, args) -> int:
         for line in targets(rows):
             print(line)
         payload = {"world_size": comm.size, "batch_size": args.batch_size, "threads": threads,
-                   "bucket_mb": args.bucket_mb, "rows": rows}  # fmt: skip
+                   "bucket_mb": args.bucket_mb, "backend": comm.backend, "device": device.type,
+                   "rows": rows}  # fmt: skip
         save_results(args, f"sgd-n{comm.size}", payload, lambda png: plot(rows, png))
     return 0
 
@@ -265,6 +279,9 @@ def add_parser(kinds) -> None:
     p.add_argument("--warmup", type=int, default=WARMUP_STEPS,
                    help=f"discarded steps per variant (default {WARMUP_STEPS})")  # fmt: skip
     p.add_argument("--seed", type=int, default=0, help="seed for models and data (default 0)")
+    p.add_argument("--backend", default="mpi4py", choices=BACKENDS,
+                   help="communicator of the strategies and comm-only (default mpi4py)")  # fmt: skip
+    p.add_argument("--device", default="cpu", help="cpu, or cuda: one GPU per local rank (default cpu)")
     add_output_arguments(p)
     p.set_defaults(func=_run, parser=p)
 
@@ -277,4 +294,14 @@ def _run(args) -> int:
         args.parser.error(f"unknown model(s)/variant(s): {', '.join(bad)}")
     if min(args.batch_size, args.steps_per_round, args.rounds) < 1 or args.warmup < 0:
         args.parser.error("--batch-size, --steps-per-round and --rounds must be at least 1, --warmup 0 or more")
-    return main(init("mpi4py"), args)
+    from ..config import TrainConfig
+
+    try:  # a missing GPU or backend: one line, before any communication
+        TrainConfig(backend=args.backend, device=args.device).check_machine(placement().size)
+    except ValueError as e:
+        args.parser.fail(str(e))
+    ddp = [v for v in args.variants if v in DDP_BACKENDS]
+    if args.device != "cpu" and ddp:
+        args.parser.fail(f"{', '.join(ddp)} run on the CPU (the mpi4py torch backend takes CPU tensors): "
+                          "leave them out of --variants with --device cuda")  # fmt: skip
+    return main(init(args.backend), args)
