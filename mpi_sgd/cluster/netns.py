@@ -1,0 +1,347 @@
+"""Two hosts on one machine: network namespaces joined by a veth pair, each running sshd.
+
+    python -m mpi_sgd.cluster.netns -- mpiexec -n 4 -hosts a,b python examples/sync_sgd.py
+
+(root; ``make netns-cluster`` runs exactly that). Each host is
+
+* a network namespace whose only link is ``eth0``, one end of a veth pair (10.200.0.1 and .2);
+* a mount namespace with its own ``/etc/hosts`` (naming both hosts) and its own ``/dev/shm``;
+* UTS and PID namespaces of its own, so it has its host name and MPI cannot find the other
+  host's processes through ``/proc`` or shared memory: ranks on different hosts must use the
+  network, as between machines, while ranks on one host share memory as usual;
+* an sshd set up by ``node.sh`` (the script the Docker cluster runs) with keys made for this
+  cluster only.
+
+The command runs on the first host with ``HYDRA_LAUNCHER_EXEC`` set to the cluster's ssh, so
+hydra's ``-hosts a,b`` reaches b over the veth link. The byte counters of ``eth0`` before and
+after show what crossed it.
+
+Names carry the owner's pid (``mpisgd-<pid>-<n>-<host>``), so two clusters never collide, and
+a cluster whose owner was killed outright is swept away by the next one. Teardown (kill every
+process in each namespace, delete the namespaces, and with them the veth pair, remove the keys)
+runs on success, failure, Ctrl-C and SIGTERM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import itertools
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+NODE_SH = Path(__file__).with_name("node.sh")
+PREFIX = "mpisgd-"
+SUBNET = "10.200.0"
+PORT = 2222
+SHM_SIZE = "1g"
+_instances = itertools.count()
+
+
+def missing() -> str | None:
+    """Why a namespace cluster cannot run here, or None if it can (sshd aside: see ensure_sshd)."""
+    if os.geteuid() != 0:
+        return "needs root (network namespaces, mounts)"
+    for tool in ("ip", "unshare", "nsenter", "ssh", "ssh-keygen"):
+        if not shutil.which(tool):
+            return f"needs {tool} (iproute2, util-linux, openssh-client)"
+    probe = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        return f"ip netns does not work here: {probe.stderr.strip()}"
+    return None
+
+
+def sshd_path() -> str | None:
+    return shutil.which("sshd") or ("/usr/sbin/sshd" if os.access("/usr/sbin/sshd", os.X_OK) else None)
+
+
+def ensure_sshd() -> str:
+    """The sshd binary, installing openssh-server through apt-get if it is missing."""
+    if sshd_path() is None and shutil.which("apt-get"):
+        print("installing openssh-server (apt-get) for the namespace cluster", file=sys.stderr, flush=True)
+        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+        subprocess.run(["apt-get", "update", "-qq"], env=env, capture_output=True)
+        subprocess.run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", "openssh-server"],
+                       env=env, capture_output=True)  # fmt: skip
+    path = sshd_path()
+    if path is None:
+        raise RuntimeError("sshd not found and could not be installed: install openssh-server")
+    return path
+
+
+def _ip(*args: str) -> str:
+    done = subprocess.run(["ip", *args], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"ip {' '.join(args)}: {done.stderr.strip()}")
+    return done.stdout
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def _kill_namespace(ns: str) -> None:
+    """SIGKILL every process in the network namespace until none is left (at most ~5 s)."""
+    for _ in range(50):
+        done = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True)
+        pids = [int(p) for p in done.stdout.split()] if done.returncode == 0 else []
+        live = [p for p in pids if _alive(p)]
+        if not live:
+            return
+        for pid in live:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.1)
+
+
+@contextlib.contextmanager
+def _lock():
+    """Machine-wide: one cluster at a time creates namespaces or sweeps stale ones."""
+    with open(Path(tempfile.gettempdir()) / "mpi-sgd-netns.lock", "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        yield
+
+
+def sweep_stale() -> list[str]:
+    """Remove namespaces and key directories of clusters whose owning process is gone."""
+    swept = []
+    for line in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.splitlines():
+        name = line.split()[0] if line.split() else ""
+        if name.startswith(PREFIX) and not Path(f"/proc/{name.split('-')[1]}").exists():
+            _kill_namespace(name)
+            subprocess.run(["ip", "netns", "del", name], capture_output=True)
+            swept.append(name)
+    for d in Path("/run").glob(f"{PREFIX}*"):
+        if not Path(f"/proc/{d.name.split('-')[1]}").exists():
+            shutil.rmtree(d, ignore_errors=True)
+            swept.append(str(d))
+    return swept
+
+
+class Cluster:
+    """Two hosts as namespaces; a context manager that always tears down what it made."""
+
+    def __init__(self, hosts: tuple[str, str] = ("a", "b"), port: int = PORT):
+        if len(hosts) != 2 or len(set(hosts)) != 2:
+            raise ValueError(f"a namespace cluster has two distinct hosts, got {hosts}")
+        self.hosts = list(hosts)
+        self.port = port
+        self.tag = f"{PREFIX}{os.getpid()}-{next(_instances)}"
+        self.ns = {h: f"{self.tag}-{h}" for h in hosts}
+        self.address = {h: f"{SUBNET}.{i + 1}" for i, h in enumerate(hosts)}
+        self.pid1: dict[str, int] = {}  # each host's first process (its PID namespace's init)
+        self.sshd: dict[str, subprocess.Popen] = {}
+        self._procs: list[subprocess.Popen] = []
+        self.dir: Path | None = None
+
+    # -- bring-up and teardown -----------------------------------------------------------
+    def __enter__(self) -> Cluster:
+        try:
+            self.up()
+        except BaseException:
+            self.down()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.down()
+
+    def up(self) -> None:
+        ensure_sshd()
+        Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege-separation directory
+        with _lock():
+            sweep_stale()
+            for ns in self.ns.values():
+                _ip("netns", "add", ns)
+        a, b = self.hosts
+        # Made inside the namespaces, so the pair never shows in the machine's own `ip link`.
+        _ip("link", "add", "eth0", "netns", self.ns[a], "type", "veth", "peer", "name", "eth0", "netns", self.ns[b])
+        for h in self.hosts:
+            _ip("-n", self.ns[h], "addr", "add", f"{self.address[h]}/24", "dev", "eth0")
+            _ip("-n", self.ns[h], "link", "set", "lo", "up")
+            _ip("-n", self.ns[h], "link", "set", "eth0", "up")
+        # Under /run (root-owned, not world-writable): sshd refuses keys below a directory that is.
+        self.dir = Path(tempfile.mkdtemp(prefix=f"{self.tag}-", dir="/run"))
+        hosts_file = self.dir / "hosts"
+        hosts_file.write_text("127.0.0.1 localhost\n" + "".join(f"{self.address[h]} {h}\n" for h in self.hosts))
+        hosts_file.chmod(0o644)
+        self._node("keys", self.dir / "keys")
+        self._node("client", self.dir / "client", str(self.port), self.dir / "keys")
+        for h in self.hosts:
+            self._node("sshd", self.dir / h, str(self.port), self.dir / "keys")
+            self._start_host(h, hosts_file)
+            self.start_sshd(h)
+        # Every host answers ssh from the first one before anything runs.
+        self.run([str(NODE_SH), "wait-ssh", str(self.dir / "client"), "20", *self.hosts], check=True, timeout=30)
+
+    def down(self) -> None:
+        """Kill everything in the namespaces, delete them (the veth pair goes with them), remove keys."""
+        old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+        try:
+            for ns in self.ns.values():
+                _kill_namespace(ns)
+            for p in self._procs:
+                with contextlib.suppress(OSError):
+                    p.kill()
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    p.wait(timeout=5)
+            deadline = time.monotonic() + 5  # the kernel ends a PID namespace's last processes shortly after
+            while any(_alive(pid) for pid in self.pid1.values()) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            for ns in self.ns.values():
+                subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+            if self.dir is not None:
+                shutil.rmtree(self.dir, ignore_errors=True)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+    def leftovers(self) -> list[str]:
+        """What of this cluster still exists (empty after down())."""
+        names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+        left = [f"namespace {ns}" for ns in self.ns.values() if ns in names]
+        left += [f"process {p.pid}" for p in self._procs if _alive(p.pid)]
+        left += [f"process {pid} (host {h})" for h, pid in self.pid1.items() if _alive(pid)]
+        if self.dir is not None and self.dir.exists():
+            left.append(f"directory {self.dir}")
+        return left
+
+    def _node(self, *args) -> None:
+        subprocess.run([str(NODE_SH), *map(str, args)], check=True, capture_output=True)
+
+    def _start_host(self, h: str, hosts_file: Path) -> None:
+        setup = (f"mount --bind {hosts_file} /etc/hosts && mount -t tmpfs -o size={SHM_SIZE},mode=1777 tmpfs "
+                 f"/dev/shm && hostname {h} && exec sleep infinity")  # fmt: skip
+        holder = self._popen(["ip", "netns", "exec", self.ns[h], "unshare", "--uts", "--mount", "--ipc", "--pid",
+                              "--fork", "--mount-proc", "sh", "-c", setup])  # fmt: skip
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            kids = _children(holder.pid)
+            if kids and Path(f"/proc/{kids[0]}/exe").resolve().name == "sleep":
+                self.pid1[h] = kids[0]
+                return
+            if holder.poll() is not None:
+                break
+            time.sleep(0.05)
+        raise RuntimeError(f"host {h} did not start (namespace setup failed: {setup})")
+
+    def _popen(self, cmd, **kw) -> subprocess.Popen:
+        p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, **kw)
+        self._procs.append(p)
+        return p
+
+    # -- using the hosts -----------------------------------------------------------------
+    def enter(self, host: str, cwd: str | None = None) -> list[str]:
+        """The prefix that runs a command on ``host`` (in all of its namespaces)."""
+        return ["nsenter", "-t", str(self.pid1[host]), "-n", "-m", "-u", "-i", "-p", f"--wd={cwd or os.getcwd()}"]
+
+    def env(self, base: dict | None = None) -> dict[str, str]:
+        """The launcher's environment: hydra (and mpi-sgd doctor) use the cluster's ssh."""
+        return {**(os.environ if base is None else base), "HYDRA_LAUNCHER_EXEC": str(self.dir / "client" / "ssh")}
+
+    def popen(self, cmd: list[str], host: str | None = None, **kw) -> subprocess.Popen:
+        kw.setdefault("env", self.env())
+        return self._popen([*self.enter(host or self.hosts[0]), *cmd], **kw)
+
+    def run(self, cmd: list[str], host: str | None = None, timeout: float | None = None, check: bool = False, **kw):
+        kw.setdefault("stdout", subprocess.PIPE)
+        kw.setdefault("stderr", subprocess.PIPE)
+        kw.setdefault("text", True)
+        p = self.popen(cmd, host, **kw)
+        try:
+            out, err = p.communicate(timeout=timeout)
+        except BaseException:
+            p.kill()
+            p.wait()
+            raise
+        if check and p.returncode != 0:
+            raise RuntimeError(f"{' '.join(cmd)} on {host or self.hosts[0]} failed (exit {p.returncode}): {err or ''}")
+        return subprocess.CompletedProcess(cmd, p.returncode, out, err)
+
+    def start_sshd(self, h: str) -> None:
+        log = open(self.dir / f"sshd-{h}.log", "ab")  # noqa: SIM115 (the child keeps it)
+        self.sshd[h] = self._popen([*self.enter(h, "/"), str(NODE_SH), "serve", str(self.dir / h)],
+                                   stdout=log, stderr=log, env={"PATH": os.environ.get("PATH", "")})  # fmt: skip
+        log.close()
+
+    def stop_sshd(self, h: str) -> None:
+        """sshd on ``h`` goes away; the host stays up (connections to it are refused)."""
+        p = self.sshd.pop(h)
+        for child in _children(p.pid):  # nsenter forked into the PID namespace; sshd is its child
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child, signal.SIGTERM)
+        p.wait(timeout=10)
+
+    def kill_host(self, h: str) -> None:
+        """Every process on ``h`` dies at once (a crashed node); the link stays up."""
+        _kill_namespace(self.ns[h])
+
+    def counters(self, h: str) -> tuple[int, int]:
+        """Bytes (received, sent) by ``h``'s eth0 so far."""
+        stats = json.loads(_ip("-n", self.ns[h], "-j", "-s", "link", "show", "dev", "eth0"))[0]["stats64"]
+        return stats["rx"]["bytes"], stats["tx"]["bytes"]
+
+
+def _terminate(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m mpi_sgd.cluster.netns", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser.add_argument("--hosts", default="a,b", help="the two host names (default a,b)")
+    parser.add_argument("command", nargs=argparse.REMAINDER, help="what to run on the first host, after --")
+    args = parser.parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    hosts = tuple(h.strip() for h in args.hosts.split(","))
+    if not command:
+        parser.error("give the command to run after --")
+    if why := missing():
+        print(f"netns cluster: cannot run here: {why}", file=sys.stderr)
+        return 2
+    signal.signal(signal.SIGTERM, _terminate)
+    signal.signal(signal.SIGHUP, _terminate)
+    rc = 1
+    cluster = Cluster(hosts)
+    try:
+        with cluster:
+            a, b = cluster.hosts
+            print(f"netns cluster: hosts {a} ({cluster.address[a]}) and {b} ({cluster.address[b]}), linked by a veth "
+                  f"pair; sshd on each; running on {a}: {' '.join(command)}", flush=True)  # fmt: skip
+            before = cluster.counters(a)
+            start = time.monotonic()
+            rc = cluster.popen(command).wait()
+            took = time.monotonic() - start
+            rx, tx = (after - was for after, was in zip(cluster.counters(a), before, strict=True))
+            print(f"netns cluster: {a}'s eth0 (the link to {b}) sent {tx} bytes ({tx / 1e6:.1f} MB) and received "
+                  f"{rx} bytes ({rx / 1e6:.1f} MB) during the command ({took:.1f} s, exit {rc})", flush=True)  # fmt: skip
+    except KeyboardInterrupt:
+        print("netns cluster: interrupted", file=sys.stderr)
+        rc = 130
+    except RuntimeError as e:
+        print(f"netns cluster: {e}", file=sys.stderr)
+        rc = 1
+    left = cluster.leftovers()
+    print(f"netns cluster: torn down{': LEFT BEHIND ' + ', '.join(left) if left else ', nothing left behind'}")
+    return rc or (1 if left else 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
