@@ -76,6 +76,28 @@ def placement(env: Mapping[str, str] | None = None) -> Placement:
     return Placement(0, 1, 0, 1, "none")
 
 
+def check_world(size: int, env: Mapping[str, str] | None = None) -> None:
+    """Stop when Slurm started several tasks but MPI sees a world of one in each.
+
+    Plain ``srun python script.py``, without a PMI that this MPI understands, starts N separate
+    singletons: each would train alone on all the data and report success. ``srun`` announces
+    the step's size in ``SLURM_STEP_NUM_TASKS``; MPI's own size must match it.
+    """
+    env = os.environ if env is None else env
+    try:
+        tasks = int(env.get("SLURM_STEP_NUM_TASKS", "1"))
+    except ValueError:
+        return
+    if size == 1 and tasks > 1:
+        sys.stderr.write(
+            f"mpi_sgd: Slurm started {tasks} tasks in this step, but MPI sees a world of 1 in each: srun started "
+            "them without a PMI this MPI understands, so each would train alone. Launch with srun --mpi=pmix "
+            "(or --mpi=pmi2; srun --mpi=list shows what your Slurm offers), or run mpiexec inside the allocation "
+            "(see hostfiles/slurm.sbatch).\n"
+        )
+        sys.exit(2)
+
+
 def install_abort_hook(comm) -> None:
     """Make an uncaught exception on any rank end the whole job, naming the rank.
 

@@ -95,7 +95,8 @@ def _probe(report: HostReport, python: str, names: list[str], timeout: float) ->
         cmd, report.ssh = remote, "local"
     else:
         connect = max(1, int(timeout / 2))
-        cmd = [*ssh_command(), "-o", "BatchMode=yes", "-o", f"ConnectTimeout={connect}", report.name, shlex.join(remote)]
+        options = ["-o", "BatchMode=yes", "-o", f"ConnectTimeout={connect}"]
+        cmd = [*ssh_command(), *options, report.name, shlex.join(remote)]
     try:
         done = subprocess.run(cmd, input=PROBE.read_text(), capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -110,7 +111,8 @@ def _probe(report: HostReport, python: str, names: list[str], timeout: float) ->
     why = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
     if done.returncode == 255 and not report.local:
         report.ssh = "failed"
-        report.problem("ssh", f"ssh to {report.name} failed: {why} (test with: ssh -o BatchMode=yes {report.name} true)")
+        test = f"ssh -o BatchMode=yes {report.name} true"
+        report.problem("ssh", f"ssh to {report.name} failed: {why} (test with: {test})")
         return
     if not report.local:
         report.ssh = "ok"

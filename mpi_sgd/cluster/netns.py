@@ -330,8 +330,8 @@ def main(argv: list[str] | None = None) -> int:
             rc = cluster.popen(command).wait()
             took = time.monotonic() - start
             rx, tx = (after - was for after, was in zip(cluster.counters(a), before, strict=True))
-            print(f"netns cluster: {a}'s eth0 (the link to {b}) sent {tx} bytes ({tx / 1e6:.1f} MB) and received "
-                  f"{rx} bytes ({rx / 1e6:.1f} MB) during the command ({took:.1f} s, exit {rc})", flush=True)  # fmt: skip
+            print(f"netns cluster: {a}'s eth0 (the link to {b}) sent {tx} bytes ({tx / 1e6:.1f} MB) and "
+                  f"received {rx} bytes ({rx / 1e6:.1f} MB) during the command ({took:.1f} s, exit {rc})")  # fmt: skip
     except KeyboardInterrupt:
         print("netns cluster: interrupted", file=sys.stderr)
         rc = 130

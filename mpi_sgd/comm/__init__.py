@@ -24,6 +24,9 @@ def init(backend: str = "mpi4py", debug: bool | None = None, abort_on_error: boo
     from .mpi import MPIComm
 
     comm: Communicator = MPIComm(debug=debug)
+    from ..launch import check_world
+
+    check_world(comm.size)  # srun without PMI: N singletons that would each train alone
     if backend != "mpi4py":
         from .torch_dist import TorchDistComm
 
