@@ -5,7 +5,8 @@
 (root; ``make netns-cluster`` runs exactly that). Each host is
 
 * a network namespace whose only link is ``eth0``, one end of a veth pair (10.200.0.1 and .2);
-* a mount namespace with its own ``/etc/hosts`` (naming both hosts) and its own ``/dev/shm``;
+* a mount namespace with its own ``/etc/hosts`` (naming both hosts, and ``down``, an address no
+  machine answers) and its own ``/dev/shm``;
 * UTS and PID namespaces of its own, so it has its host name and MPI cannot find the other
   host's processes through ``/proc`` or shared memory: ranks on different hosts must use the
   network, as between machines, while ranks on one host share memory as usual;
@@ -43,6 +44,7 @@ PREFIX = "mpisgd-"
 SUBNET = "10.200.0"
 PORT = 2222
 SHM_SIZE = "1g"
+UNREACHABLE = "down"  # a third name in the hosts file, for a host that is switched off
 _instances = itertools.count()
 
 
@@ -181,16 +183,21 @@ class Cluster:
         # Under /run (root-owned, not world-writable): sshd refuses keys below a directory that is.
         self.dir = Path(tempfile.mkdtemp(prefix=f"{self.tag}-", dir="/run"))
         hosts_file = self.dir / "hosts"
-        hosts_file.write_text("127.0.0.1 localhost\n" + "".join(f"{self.address[h]} {h}\n" for h in self.hosts))
+        # UNREACHABLE resolves, but no machine has its address: a host that is down.
+        hosts_file.write_text("127.0.0.1 localhost\n" + "".join(f"{self.address[h]} {h}\n" for h in self.hosts)
+                              + f"{SUBNET}.3 {UNREACHABLE}\n")  # fmt: skip
         hosts_file.chmod(0o644)
         self._node("keys", self.dir / "keys")
         self._node("client", self.dir / "client", str(self.port), self.dir / "keys")
         for h in self.hosts:
             self._node("sshd", self.dir / h, str(self.port), self.dir / "keys")
-            self._start_host(h, hosts_file)
+            self._start_host(h)
             self.start_sshd(h)
-        # Every host answers ssh from the first one before anything runs.
-        self.run([str(NODE_SH), "wait-ssh", str(self.dir / "client"), "20", *self.hosts], check=True, timeout=30)
+        self.wait_ssh(*self.hosts)
+
+    def wait_ssh(self, *hosts: str) -> None:
+        """Until every host in ``hosts`` answers ssh from the first host (at most 20 s)."""
+        self.run([str(NODE_SH), "wait-ssh", str(self.dir / "client"), "20", *hosts], check=True, timeout=30)
 
     def down(self) -> None:
         """Kill everything in the namespaces, delete them (the veth pair goes with them), remove keys."""
@@ -226,8 +233,8 @@ class Cluster:
     def _node(self, *args) -> None:
         subprocess.run([str(NODE_SH), *map(str, args)], check=True, capture_output=True)
 
-    def _start_host(self, h: str, hosts_file: Path) -> None:
-        setup = (f"mount --bind {hosts_file} /etc/hosts && mount -t tmpfs -o size={SHM_SIZE},mode=1777 tmpfs "
+    def _start_host(self, h: str) -> None:
+        setup = (f"mount --bind {self.dir / 'hosts'} /etc/hosts && mount -t tmpfs -o size={SHM_SIZE},mode=1777 tmpfs "
                  f"/dev/shm && hostname {h} && exec sleep infinity")  # fmt: skip
         holder = self._popen(["ip", "netns", "exec", self.ns[h], "unshare", "--uts", "--mount", "--ipc", "--pid",
                               "--fork", "--mount-proc", "sh", "-c", setup])  # fmt: skip
@@ -292,6 +299,18 @@ class Cluster:
     def kill_host(self, h: str) -> None:
         """Every process on ``h`` dies at once (a crashed node); the link stays up."""
         _kill_namespace(self.ns[h])
+        self.sshd.pop(h, None)
+
+    def start_host(self, h: str) -> None:
+        """``h`` boots again after :meth:`kill_host`: fresh namespaces, sshd, link up."""
+        self._start_host(h)
+        self.start_sshd(h)
+        _ip("-n", self.ns[h], "link", "set", "eth0", "up")
+        self.wait_ssh(h)
+
+    def cut_link(self, h: str) -> None:
+        """``h`` goes silent (a pulled cable): its end of the link goes down, nothing is closed."""
+        _ip("-n", self.ns[h], "link", "set", "eth0", "down")
 
     def counters(self, h: str) -> tuple[int, int]:
         """Bytes (received, sent) by ``h``'s eth0 so far."""

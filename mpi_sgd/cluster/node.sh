@@ -76,8 +76,21 @@ Host *
     LogLevel ERROR
 EOF
     chmod 600 "$1/config"
-    # The launcher hydra calls (HYDRA_LAUNCHER_EXEC or mpiexec -launcher-exec).
-    printf '#!/bin/sh\nexec ssh -F %s "$@"\n' "$1/config" > "$1/ssh"
+    # The launcher hydra calls (HYDRA_LAUNCHER_EXEC or mpiexec -launcher-exec). ssh exits 255
+    # when it cannot connect or loses the host (ServerAlive above); hydra would then go on
+    # waiting for that host's ranks, so the wrapper ends the job (its parent), naming the host.
+    cat > "$1/ssh" <<EOF
+#!/bin/sh
+# ssh with this cluster's config (written by node.sh)
+host() { while [ \$# -gt 0 ]; do case \$1 in -[bcDEeFIiJLlmOopQRSWw]) shift 2 ;; -*) shift ;; *) echo "\$1"; return ;; esac; done; }
+ssh -F $1/config "\$@"
+rc=\$?
+if [ \$rc -eq 255 ] && [ "\$(cat /proc/\$PPID/comm 2>/dev/null)" = mpiexec ]; then
+    echo "ssh to \$(host "\$@") failed or the host stopped answering: ending the MPI job" >&2
+    kill -TERM \$PPID
+fi
+exit \$rc
+EOF
     chmod 700 "$1/ssh"
 }
 

@@ -126,9 +126,13 @@ def test_doctor_passes_then_names_the_host_whose_sshd_is_down(cluster):
         took = time.monotonic() - start
         assert bad.returncode == 1 and took < 15, (took, bad.stdout)
         assert re.search(r"First thing to fix: ssh to b failed: .*Connection refused", bad.stdout), bad.stdout
+        start = time.monotonic()  # a host that is off: bounded by the doctor's ssh ConnectTimeout
+        off = on_a(cluster, [*doctor[:-1], f"a,{netns.UNREACHABLE}"], timeout=30)
+        assert off.returncode == 1 and time.monotonic() - start < 15, off.stdout
+        assert f"First thing to fix: ssh to {netns.UNREACHABLE} failed" in off.stdout, off.stdout
     finally:
         cluster.start_sshd("b")
-        cluster.run([str(netns.NODE_SH), "wait-ssh", str(cluster.dir / "client"), "20", "b"], check=True, timeout=30)
+        cluster.wait_ssh("b")
 
 
 def _final_parameters(path: Path) -> dict[str, torch.Tensor]:
@@ -159,7 +163,8 @@ def test_two_hosts_train_exactly_as_one_host(cluster, backend, tmp_path):
 
 
 def test_failures_on_the_wire_end_the_job_naming_the_host():
-    """Unresolvable host, sshd down, a worker killed mid-run: each ends in < 30 s naming the host."""
+    """Unresolvable host, a host that is off, sshd down, a worker killed or cut off mid-run: each
+    ends the job in < 30 s with a message naming the host."""
     timings = {}
     with netns.Cluster() as c:
         job = [MPIEXEC, "-n", "4", "-hosts"]
@@ -170,27 +175,41 @@ def test_failures_on_the_wire_end_the_job_naming_the_host():
         timings["unresolvable host"] = time.monotonic() - start
         assert out.returncode != 0 and "nosuchhost" in out.stderr, out.stderr
 
+        start = time.monotonic()  # resolves, but nothing answers: ssh's ConnectTimeout bounds it
+        out = on_a(c, [*job, f"a,{netns.UNREACHABLE}", *train], timeout=60)
+        timings["host down (no machine at its address)"] = time.monotonic() - start
+        assert out.returncode != 0 and f"host {netns.UNREACHABLE}" in out.stderr, out.stderr
+
         c.stop_sshd("b")
         start = time.monotonic()
         out = on_a(c, [*job, "a,b", *train], timeout=60)
         timings["sshd down on b"] = time.monotonic() - start
         assert out.returncode != 0 and re.search(r"host b .*Connection refused", out.stderr), out.stderr
         c.start_sshd("b")
-        c.run([str(netns.NODE_SH), "wait-ssh", str(c.dir / "client"), "20", "b"], check=True, timeout=30)
+        c.wait_ssh("b")
 
-        p = c.popen([*job, "a,b", *train], env=_env(c, 120), cwd=ROOT, stdout=subprocess.PIPE,
-                    stderr=subprocess.PIPE, text=True)  # fmt: skip
-        for line in p.stdout:  # train until the first epoch is done on both hosts
-            if line.startswith("epoch"):
-                break
-        start = time.monotonic()
-        c.kill_host("b")
-        try:
-            _, err = p.communicate(timeout=60)
-        finally:
-            p.kill()
-        timings["b killed mid-run"] = time.monotonic() - start
-        assert p.returncode != 0 and re.search(r"\bb\b", err), err[-2000:]
+        def cut_mid_run(case: str, cut) -> str:
+            p = c.popen([*job, "a,b", *train], env=_env(c, 120), cwd=ROOT, stdout=subprocess.PIPE,
+                        stderr=subprocess.PIPE, text=True)  # fmt: skip
+            for line in p.stdout:  # train until the first epoch is done on both hosts
+                if line.startswith("epoch"):
+                    break
+            start = time.monotonic()
+            cut()
+            try:
+                _, err = p.communicate(timeout=60)
+            finally:
+                p.kill()
+            timings[case] = time.monotonic() - start
+            assert p.returncode != 0, err[-2000:]
+            return err
+
+        err = cut_mid_run("b killed mid-run", lambda: c.kill_host("b"))
+        assert "Connection to b closed" in err, err[-2000:]
+        c.start_host("b")
+        # b silent mid-run (cable pulled): no connection closes; ssh's ServerAlive notices
+        err = cut_mid_run("link to b cut mid-run", lambda: c.cut_link("b"))
+        assert "ssh to b failed or the host stopped answering" in err, err[-2000:]
     assert c.leftovers() == []
     print("\n" + "\n".join(f"{case}: job ended after {s:.2f} s" for case, s in timings.items()))
     assert all(s < 30 for s in timings.values()), timings
