@@ -44,7 +44,7 @@ endif
 export MPI_SGD_MPIEXEC := $(MPIEXEC)
 
 .PHONY: venv demo test test-unit test-mpi test-integration examples bench lint clean
-.PHONY: netns-cluster docker-cluster docker-down
+.PHONY: netns-cluster netns-validate docker-cluster docker-down
 
 venv: $(STAMP)
 
@@ -99,6 +99,12 @@ bench-sgd: venv
 netns-cluster: venv
 	PATH="$(BIN):$$PATH" $(PY) -m mpi_sgd.cluster.netns --hosts a,b -- \
 	  mpiexec -n 4 -hosts a,b python examples/sync_sgd.py
+
+# The speedup model over the wire: bench validate on the namespace cluster, every job's ranks
+# round-robin on hosts a and b (the calibration's all-reduce sweep and the runs cross the veth).
+netns-validate: venv
+	PATH="$(BIN):$$PATH" $(PY) -m mpi_sgd.cluster.netns --hosts a,b -- \
+	  env MPI_SGD_MPIEXEC="mpiexec -hosts a,b" mpi-sgd bench validate --out-dir results/netns
 
 # A head and WORKERS workers in Docker (docker/compose.yml): build, start, wait until every worker
 # answers ssh, check them with the doctor, then train from the head. make docker-down removes it all.
