@@ -2,7 +2,8 @@
 
     python -m mpi_sgd.cluster.netns -- mpiexec -n 4 -hosts a,b python examples/sync_sgd.py
 
-(root; ``make netns-cluster`` runs exactly that). Each host is
+(root; ``make netns-cluster`` runs exactly that; iproute2 and openssh are installed through
+apt-get where missing). Each host is
 
 * a network namespace whose only link is ``eth0``, one end of a veth pair (10.200.0.1 and .2);
 * a mount namespace with its own ``/etc/hosts`` (naming both hosts, and ``down``, an address no
@@ -49,15 +50,14 @@ _instances = itertools.count()
 
 
 def missing() -> str | None:
-    """Why a namespace cluster cannot run here, or None if it can (sshd aside: see ensure_sshd)."""
+    """Why a namespace cluster cannot run here, or None if it can (given :func:`ensure_tools`)."""
     if os.geteuid() != 0:
         return "needs root (network namespaces, mounts)"
-    for tool in ("ip", "unshare", "nsenter", "ssh", "ssh-keygen"):
+    for tool in ("unshare", "nsenter"):
         if not shutil.which(tool):
-            return f"needs {tool} (iproute2, util-linux, openssh-client)"
-    probe = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True)
-    if probe.returncode != 0:
-        return f"ip netns does not work here: {probe.stderr.strip()}"
+            return f"needs {tool} (util-linux)"
+    if not (shutil.which("ip") and shutil.which("ssh") and sshd_path()) and not shutil.which("apt-get"):
+        return "needs iproute2, openssh-client and openssh-server (and no apt-get to install them)"
     return None
 
 
@@ -65,18 +65,19 @@ def sshd_path() -> str | None:
     return shutil.which("sshd") or ("/usr/sbin/sshd" if os.access("/usr/sbin/sshd", os.X_OK) else None)
 
 
-def ensure_sshd() -> str:
-    """The sshd binary, installing openssh-server through apt-get if it is missing."""
-    if sshd_path() is None and shutil.which("apt-get"):
-        print("installing openssh-server (apt-get) for the namespace cluster", file=sys.stderr, flush=True)
+def ensure_tools() -> None:
+    """Install iproute2 and openssh (apt-get) where missing; fail saying what if `ip netns` cannot work."""
+    if not (shutil.which("ip") and shutil.which("ssh") and shutil.which("ssh-keygen") and sshd_path()):
+        print("installing iproute2 and openssh (apt-get) for the namespace cluster", file=sys.stderr, flush=True)
         env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
         subprocess.run(["apt-get", "update", "-qq"], env=env, capture_output=True)
-        subprocess.run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", "openssh-server"],
-                       env=env, capture_output=True)  # fmt: skip
-    path = sshd_path()
-    if path is None:
-        raise RuntimeError("sshd not found and could not be installed: install openssh-server")
-    return path
+        subprocess.run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", "iproute2", "openssh-client",
+                        "openssh-server"], env=env, capture_output=True)  # fmt: skip
+    if not (shutil.which("ip") and shutil.which("ssh") and sshd_path()):
+        raise RuntimeError("iproute2 or openssh could not be installed: install iproute2 and openssh-server")
+    probe = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        raise RuntimeError(f"ip netns does not work here: {probe.stderr.strip()}")
 
 
 def _ip(*args: str) -> str:
@@ -167,7 +168,7 @@ class Cluster:
         self.down()
 
     def up(self) -> None:
-        ensure_sshd()
+        ensure_tools()
         Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege-separation directory
         with _lock():
             sweep_stale()

@@ -44,7 +44,7 @@ USER_COMMAND = "mpiexec -n 4 -hosts a,b python examples/sync_sgd.py"
 @pytest.fixture(scope="module")
 def cluster():
     try:
-        netns.ensure_sshd()
+        netns.ensure_tools()
     except RuntimeError as e:
         pytest.skip(str(e))
     with netns.Cluster() as c:
