@@ -136,6 +136,10 @@ def pin_threads(local_size: int) -> int:
     return torch.get_num_threads()
 
 
+# How to reach the hosts (the cluster's ssh, the interface): the user's settings, kept for new jobs.
+LAUNCHER_SETTINGS = ("HYDRA_LAUNCHER_EXEC", "HYDRA_LAUNCHER", "HYDRA_IFACE")
+
+
 def mpiexec_command(ranks: int, *argv: str) -> tuple[list[str], dict[str, str]]:
     """The command and environment that start ``ranks`` copies of this Python running ``argv``.
 
@@ -153,7 +157,8 @@ def mpiexec_command(ranks: int, *argv: str) -> tuple[list[str], dict[str, str]]:
     else:
         beside = shutil.which("mpiexec", path=str(Path(sys.executable).parent))
         mpiexec = [beside or shutil.which("mpiexec") or "mpiexec"]
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "HYDRA_", "OMPI_", "PMIX_"))}
+    env = {k: v for k, v in os.environ.items()
+           if k in LAUNCHER_SETTINGS or not k.startswith(("PMI_", "HYDRA_", "OMPI_", "PMIX_"))}  # fmt: skip
     return [*mpiexec, "-n", str(ranks), sys.executable, *argv], env
 
 

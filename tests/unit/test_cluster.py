@@ -105,3 +105,16 @@ def test_doctor_reports_the_most_basic_problem_first():
     reports[1].facts = None
     reports[1].problem("ssh", "ssh to b failed: Connection refused")
     assert first_problem(reports) == "ssh to b failed: Connection refused"
+
+
+def test_jobs_started_from_a_job_keep_the_users_launcher_settings(monkeypatch):
+    """A new job drops the enclosing job's variables but keeps how to reach the hosts."""
+    from mpi_sgd.launch import mpiexec_command
+
+    monkeypatch.setenv("HYDRA_LAUNCHER_EXEC", "/cluster/ssh")
+    monkeypatch.setenv("HYDRA_IFACE", "eth1")
+    monkeypatch.setenv("PMI_RANK", "3")
+    monkeypatch.setenv("HYDRA_CONTROL_FD", "7")
+    _, env = mpiexec_command(2, "x.py")
+    assert env["HYDRA_LAUNCHER_EXEC"] == "/cluster/ssh" and env["HYDRA_IFACE"] == "eth1"
+    assert "PMI_RANK" not in env and "HYDRA_CONTROL_FD" not in env
