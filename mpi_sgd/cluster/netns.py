@@ -142,11 +142,12 @@ def sweep_stale() -> list[str]:
 class Cluster:
     """Two hosts as namespaces; a context manager that always tears down what it made."""
 
-    def __init__(self, hosts: tuple[str, str] = ("a", "b"), port: int = PORT):
+    def __init__(self, hosts: tuple[str, str] = ("a", "b"), port: int = PORT, rate: str | None = None):
         if len(hosts) != 2 or len(set(hosts)) != 2:
             raise ValueError(f"a namespace cluster has two distinct hosts, got {hosts}")
         self.hosts = list(hosts)
         self.port = port
+        self.rate = rate  # e.g. "1gbit": the link shaped like a real network (tc's token bucket)
         self.tag = f"{PREFIX}{os.getpid()}-{next(_instances)}"
         self.ns = {h: f"{self.tag}-{h}" for h in hosts}
         self.address = {h: f"{SUBNET}.{i + 1}" for i, h in enumerate(hosts)}
@@ -181,6 +182,12 @@ class Cluster:
             _ip("-n", self.ns[h], "addr", "add", f"{self.address[h]}/24", "dev", "eth0")
             _ip("-n", self.ns[h], "link", "set", "lo", "up")
             _ip("-n", self.ns[h], "link", "set", "eth0", "up")
+            if self.rate:  # each end sends at most `rate`, as a NIC of that speed would
+                tc = ["tc", "-n", self.ns[h], "qdisc", "add", "dev", "eth0", "root", "tbf", "rate", self.rate,
+                      "burst", "256kb", "latency", "50ms"]  # fmt: skip
+                done = subprocess.run(tc, capture_output=True, text=True)
+                if done.returncode != 0:
+                    raise RuntimeError(f"cannot shape the link to {self.rate}: {done.stderr.strip()}")
         # Under /run (root-owned, not world-writable): sshd refuses keys below a directory that is.
         self.dir = Path(tempfile.mkdtemp(prefix=f"{self.tag}-", dir="/run"))
         hosts_file = self.dir / "hosts"
@@ -327,6 +334,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m mpi_sgd.cluster.netns", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     parser.add_argument("--hosts", default="a,b", help="the two host names (default a,b)")
+    parser.add_argument("--rate", help="shape the link like a real network, e.g. 1gbit or 10gbit (default: as fast "
+                        "as the machine moves bytes)")  # fmt: skip
     parser.add_argument("command", nargs=argparse.REMAINDER, help="what to run on the first host, after --")
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -339,12 +348,13 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _terminate)
     signal.signal(signal.SIGHUP, _terminate)
     rc = 1
-    cluster = Cluster(hosts)
+    cluster = Cluster(hosts, rate=args.rate)
     try:
         with cluster:
             a, b = cluster.hosts
-            print(f"netns cluster: hosts {a} ({cluster.address[a]}) and {b} ({cluster.address[b]}), linked by a veth "
-                  f"pair; sshd on each; running on {a}: {' '.join(command)}", flush=True)  # fmt: skip
+            link = f"a veth pair{f' shaped to {args.rate}' if args.rate else ''}"
+            print(f"netns cluster: hosts {a} ({cluster.address[a]}) and {b} ({cluster.address[b]}), linked by {link}; "
+                  f"sshd on each; running on {a}: {' '.join(command)}", flush=True)  # fmt: skip
             before = cluster.counters(a)
             start = time.monotonic()
             rc = cluster.popen(command).wait()
