@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import fcntl
 import itertools
 import json
 import os
@@ -40,103 +39,24 @@ import tempfile
 import time
 from pathlib import Path
 
+from .namespaces import (
+    PREFIX,
+    alive,
+    children,
+    ensure_tools,
+    ip_cmd,
+    kill_namespace,
+    machine_lock,
+    missing,
+    sweep_stale,
+)
+
 NODE_SH = Path(__file__).with_name("node.sh")
-PREFIX = "mpisgd-"
 SUBNET = "10.200.0"
 PORT = 2222
 SHM_SIZE = "1g"
 UNREACHABLE = "down"  # a third name in the hosts file, for a host that is switched off
 _instances = itertools.count()
-
-
-def missing() -> str | None:
-    """Why a namespace cluster cannot run here, or None if it can (given :func:`ensure_tools`)."""
-    if os.geteuid() != 0:
-        return "needs root (network namespaces, mounts)"
-    for tool in ("unshare", "nsenter"):
-        if not shutil.which(tool):
-            return f"needs {tool} (util-linux)"
-    if not (shutil.which("ip") and shutil.which("ssh") and sshd_path()) and not shutil.which("apt-get"):
-        return "needs iproute2, openssh-client and openssh-server (and no apt-get to install them)"
-    return None
-
-
-def sshd_path() -> str | None:
-    return shutil.which("sshd") or ("/usr/sbin/sshd" if os.access("/usr/sbin/sshd", os.X_OK) else None)
-
-
-def ensure_tools() -> None:
-    """Install iproute2 and openssh (apt-get) where missing; fail saying what if `ip netns` cannot work."""
-    if not (shutil.which("ip") and shutil.which("ssh") and shutil.which("ssh-keygen") and sshd_path()):
-        print("installing iproute2 and openssh (apt-get) for the namespace cluster", file=sys.stderr, flush=True)
-        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-        subprocess.run(["apt-get", "update", "-qq"], env=env, capture_output=True)
-        subprocess.run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", "iproute2", "openssh-client",
-                        "openssh-server"], env=env, capture_output=True)  # fmt: skip
-    if not (shutil.which("ip") and shutil.which("ssh") and sshd_path()):
-        raise RuntimeError("iproute2 or openssh could not be installed: install iproute2 and openssh-server")
-    probe = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True)
-    if probe.returncode != 0:
-        raise RuntimeError(f"ip netns does not work here: {probe.stderr.strip()}")
-
-
-def _ip(*args: str) -> str:
-    done = subprocess.run(["ip", *args], capture_output=True, text=True)
-    if done.returncode != 0:
-        raise RuntimeError(f"ip {' '.join(args)}: {done.stderr.strip()}")
-    return done.stdout
-
-
-def _children(pid: int) -> list[int]:
-    try:
-        return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-    except OSError:
-        return []
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
-    except (OSError, IndexError):
-        return False
-
-
-def _kill_namespace(ns: str) -> None:
-    """SIGKILL every process in the network namespace until none is left (at most ~5 s)."""
-    for _ in range(50):
-        done = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True)
-        pids = [int(p) for p in done.stdout.split()] if done.returncode == 0 else []
-        live = [p for p in pids if _alive(p)]
-        if not live:
-            return
-        for pid in live:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        time.sleep(0.1)
-
-
-@contextlib.contextmanager
-def _lock():
-    """Machine-wide: one cluster at a time creates namespaces or sweeps stale ones."""
-    with open(Path(tempfile.gettempdir()) / "mpi-sgd-netns.lock", "w") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        yield
-
-
-def sweep_stale() -> list[str]:
-    """Remove namespaces and key directories of clusters whose owning process is gone."""
-    swept = []
-    for line in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.splitlines():
-        name = line.split()[0] if line.split() else ""
-        if name.startswith(PREFIX) and not Path(f"/proc/{name.split('-')[1]}").exists():
-            _kill_namespace(name)
-            subprocess.run(["ip", "netns", "del", name], capture_output=True)
-            swept.append(name)
-    for d in Path("/run").glob(f"{PREFIX}*"):
-        if not Path(f"/proc/{d.name.split('-')[1]}").exists():
-            shutil.rmtree(d, ignore_errors=True)
-            swept.append(str(d))
-    return swept
 
 
 class Cluster:
@@ -171,17 +91,17 @@ class Cluster:
     def up(self) -> None:
         ensure_tools()
         Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege-separation directory
-        with _lock():
+        with machine_lock():
             sweep_stale()
             for ns in self.ns.values():
-                _ip("netns", "add", ns)
+                ip_cmd("netns", "add", ns)
         a, b = self.hosts
         # Made inside the namespaces, so the pair never shows in the machine's own `ip link`.
-        _ip("link", "add", "eth0", "netns", self.ns[a], "type", "veth", "peer", "name", "eth0", "netns", self.ns[b])
+        ip_cmd("link", "add", "eth0", "netns", self.ns[a], "type", "veth", "peer", "name", "eth0", "netns", self.ns[b])
         for h in self.hosts:
-            _ip("-n", self.ns[h], "addr", "add", f"{self.address[h]}/24", "dev", "eth0")
-            _ip("-n", self.ns[h], "link", "set", "lo", "up")
-            _ip("-n", self.ns[h], "link", "set", "eth0", "up")
+            ip_cmd("-n", self.ns[h], "addr", "add", f"{self.address[h]}/24", "dev", "eth0")
+            ip_cmd("-n", self.ns[h], "link", "set", "lo", "up")
+            ip_cmd("-n", self.ns[h], "link", "set", "eth0", "up")
             if self.rate:  # each end sends at most `rate`, as a NIC of that speed would
                 tc = ["tc", "-n", self.ns[h], "qdisc", "add", "dev", "eth0", "root", "tbf", "rate", self.rate,
                       "burst", "256kb", "latency", "50ms"]  # fmt: skip
@@ -212,14 +132,14 @@ class Cluster:
         old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
         try:
             for ns in self.ns.values():
-                _kill_namespace(ns)
+                kill_namespace(ns)
             for p in self._procs:
                 with contextlib.suppress(OSError):
                     p.kill()
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     p.wait(timeout=5)
             deadline = time.monotonic() + 5  # the kernel ends a PID namespace's last processes shortly after
-            while any(_alive(pid) for pid in self.pid1.values()) and time.monotonic() < deadline:
+            while any(alive(pid) for pid in self.pid1.values()) and time.monotonic() < deadline:
                 time.sleep(0.05)
             for ns in self.ns.values():
                 subprocess.run(["ip", "netns", "del", ns], capture_output=True)
@@ -232,8 +152,8 @@ class Cluster:
         """What of this cluster still exists (empty after down())."""
         names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
         left = [f"namespace {ns}" for ns in self.ns.values() if ns in names]
-        left += [f"process {p.pid}" for p in self._procs if _alive(p.pid)]
-        left += [f"process {pid} (host {h})" for h, pid in self.pid1.items() if _alive(pid)]
+        left += [f"process {p.pid}" for p in self._procs if alive(p.pid)]
+        left += [f"process {pid} (host {h})" for h, pid in self.pid1.items() if alive(pid)]
         if self.dir is not None and self.dir.exists():
             left.append(f"directory {self.dir}")
         return left
@@ -248,7 +168,7 @@ class Cluster:
                               "--fork", "--mount-proc", "sh", "-c", setup])  # fmt: skip
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
-            kids = _children(holder.pid)
+            kids = children(holder.pid)
             if kids and Path(f"/proc/{kids[0]}/exe").resolve().name == "sleep":
                 self.pid1[h] = kids[0]
                 return
@@ -299,30 +219,30 @@ class Cluster:
     def stop_sshd(self, h: str) -> None:
         """sshd on ``h`` goes away; the host stays up (connections to it are refused)."""
         p = self.sshd.pop(h)
-        for child in _children(p.pid):  # nsenter forked into the PID namespace; sshd is its child
+        for child in children(p.pid):  # nsenter forked into the PID namespace; sshd is its child
             with contextlib.suppress(ProcessLookupError):
                 os.kill(child, signal.SIGTERM)
         p.wait(timeout=10)
 
     def kill_host(self, h: str) -> None:
         """Every process on ``h`` dies at once (a crashed node); the link stays up."""
-        _kill_namespace(self.ns[h])
+        kill_namespace(self.ns[h])
         self.sshd.pop(h, None)
 
     def start_host(self, h: str) -> None:
         """``h`` boots again after :meth:`kill_host`: fresh namespaces, sshd, link up."""
         self._start_host(h)
         self.start_sshd(h)
-        _ip("-n", self.ns[h], "link", "set", "eth0", "up")
+        ip_cmd("-n", self.ns[h], "link", "set", "eth0", "up")
         self.wait_ssh(h)
 
     def cut_link(self, h: str) -> None:
         """``h`` goes silent (a pulled cable): its end of the link goes down, nothing is closed."""
-        _ip("-n", self.ns[h], "link", "set", "eth0", "down")
+        ip_cmd("-n", self.ns[h], "link", "set", "eth0", "down")
 
     def counters(self, h: str) -> tuple[int, int]:
         """Bytes (received, sent) by ``h``'s eth0 so far."""
-        stats = json.loads(_ip("-n", self.ns[h], "-j", "-s", "link", "show", "dev", "eth0"))[0]["stats64"]
+        stats = json.loads(ip_cmd("-n", self.ns[h], "-j", "-s", "link", "show", "dev", "eth0"))[0]["stats64"]
         return stats["rx"]["bytes"], stats["tx"]["bytes"]
 
 
