@@ -273,7 +273,8 @@ def main(argv: list[str] | None = None) -> int:
         with cluster:
             a, b = cluster.hosts
             link = f"a veth pair{f' shaped to {args.rate}' if args.rate else ''}"
-            print(f"netns cluster: hosts {a} ({cluster.address[a]}) and {b} ({cluster.address[b]}), linked by {link}; "
+            print(f"netns cluster {cluster.tag}: hosts {a} ({cluster.address[a]}) and {b} ({cluster.address[b]}), "
+                  f"linked by {link}; "
                   f"sshd on each; running on {a}: {' '.join(command)}", flush=True)  # fmt: skip
             before = cluster.counters(a)
             start = time.monotonic()

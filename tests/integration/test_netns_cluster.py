@@ -63,16 +63,17 @@ def on_a(cluster, cmd: list[str], timeout: int = 90):
     return cluster.run(cmd, env=_env(cluster, timeout), timeout=timeout + 30, cwd=ROOT)
 
 
-def _ours() -> set[str]:
-    """This machine's cluster namespaces and processes holding a cluster's key directory."""
+def _left(output: str) -> set[str]:
+    """What still exists of the cluster that printed ``output``: its namespaces, and processes
+    holding its key directory. (Other clusters may be up meanwhile: their names differ.)"""
+    tag = re.search(r"netns cluster (mpisgd-\d+-\d+):", output)[1]
     names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
     procs = subprocess.run(["ps", "-eo", "pid=,args="], capture_output=True, text=True).stdout.splitlines()
-    return {n for n in names if n.startswith(netns.PREFIX)} | {p for p in procs if f"/run/{netns.PREFIX}" in p}
+    return {n for n in names if n.startswith(tag)} | {p for p in procs if f"/run/{tag}-" in p}
 
 
 def test_make_netns_cluster_runs_the_user_command_over_the_veth(cluster):
     """`make netns-cluster`: the exact command, gradients across the link, nothing left afterwards."""
-    before = _ours()
     out = subprocess.run(["make", "-s", "netns-cluster"], cwd=ROOT, capture_output=True, text=True, timeout=240)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert f"running on a: {USER_COMMAND}" in out.stdout
@@ -86,7 +87,7 @@ def test_make_netns_cluster_runs_the_user_command_over_the_veth(cluster):
     params = sum(p.numel() for p in _simplenet().parameters())
     assert min(sent, received) >= steps * params * 4, (steps, params, sent, received)
     assert "nothing left behind" in out.stdout
-    assert _ours() <= before, _ours() - before  # the fixture's cluster, nothing of the make run's
+    assert _left(out.stdout) == set()
 
 
 def _simplenet():
@@ -217,20 +218,19 @@ def test_failures_on_the_wire_end_the_job_naming_the_host():
 
 
 def test_ctrl_c_tears_everything_down():
-    before = _ours()
     p = subprocess.Popen([sys.executable, "-m", "mpi_sgd.cluster.netns", "--", "sleep", "60"],
                          cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
     try:
         line = p.stdout.readline()
         assert "running on a: sleep 60" in line, line + p.stderr.read()
-        assert _ours() - before  # up: namespaces and sshd exist
+        assert _left(line)  # up: namespaces and sshd exist
         p.send_signal(signal.SIGINT)
         out, err = p.communicate(timeout=30)
     finally:
         p.kill()
     assert p.returncode == 130 and "interrupted" in err, (p.returncode, err)
     assert "nothing left behind" in out, out
-    assert _ours() <= before, _ours() - before
+    assert _left(line) == set()
 
 
 def test_without_root_or_netns_the_cluster_says_why(monkeypatch):
