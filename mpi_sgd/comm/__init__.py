@@ -19,7 +19,7 @@ def init(backend: str = "mpi4py", debug: bool | None = None, abort_on_error: boo
     ranks first. With ``abort_on_error`` an uncaught exception on any rank aborts the whole job
     instead of leaving the others waiting.
     """
-    from ..launch import env_flag, install_abort_hook
+    from ..launch import check_world, env_flag, install_abort_hook
 
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
@@ -31,6 +31,7 @@ def init(backend: str = "mpi4py", debug: bool | None = None, abort_on_error: boo
         from .mpi import MPIComm
 
         comm = MPIComm()
+        check_world(comm.size)  # srun without PMI: N singletons that would each train alone
         if backend != "mpi4py":
             from .torch_dist import TorchDistComm
 
