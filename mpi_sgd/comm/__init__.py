@@ -2,7 +2,17 @@
 
 from __future__ import annotations
 
-from .base import OPS, CollectiveMismatchError, CommError, Communicator, Request, split_counts
+from .base import (
+    ANY_SOURCE,
+    ANY_TAG,
+    OPS,
+    CollectiveMismatchError,
+    CommError,
+    Communicator,
+    Request,
+    Status,
+    split_counts,
+)
 
 BACKENDS = ("mpi4py", "local", "gloo", "mpi", "nccl")
 
@@ -35,4 +45,16 @@ def init(backend: str = "mpi4py", debug: bool | None = None, abort_on_error: boo
     return comm
 
 
-__all__ = ["BACKENDS", "OPS", "CollectiveMismatchError", "CommError", "Communicator", "Request", "init", "split_counts"]
+__all__ = [
+    "ANY_SOURCE",
+    "ANY_TAG",
+    "BACKENDS",
+    "OPS",
+    "CollectiveMismatchError",
+    "CommError",
+    "Communicator",
+    "Request",
+    "Status",
+    "init",
+    "split_counts",
+]

@@ -16,7 +16,17 @@ import torch
 from mpi4py import MPI
 
 from ..launch import env_flag
-from .base import CollectiveMismatchError, Communicator, Request, check_op, split_counts
+from .base import (
+    ANY_SOURCE,
+    ANY_TAG,
+    CollectiveMismatchError,
+    Communicator,
+    Request,
+    Status,
+    check_op,
+    element_count,
+    split_counts,
+)
 from .buffers import as_array, signature
 
 _MPI_OPS = {"sum": MPI.SUM, "avg": MPI.SUM, "min": MPI.MIN, "max": MPI.MAX, "prod": MPI.PROD}
@@ -61,6 +71,11 @@ def _mpi_op(op: str):
     except KeyError:
         check_op(op)  # raises with the list of valid ops
         raise
+
+
+def _wildcard(value: int, mpi_value: int) -> int:
+    # The seam's ANY_SOURCE/ANY_TAG are -1 everywhere; MPI's own values differ between libraries.
+    return mpi_value if value == ANY_SOURCE else value
 
 
 def _wait(handle) -> None:
@@ -110,6 +125,17 @@ class MPIComm(Communicator):
 
     def irecv(self, buf, source, tag=0):
         return Request(self.comm.Irecv(_spec(buf), source, tag), _wait, _test, keep=buf)
+
+    def iprobe(self, source=ANY_SOURCE, tag=ANY_TAG, dtype=None):
+        status = MPI.Status()
+        if not self.comm.Iprobe(_wildcard(source, MPI.ANY_SOURCE), _wildcard(tag, MPI.ANY_TAG), status):
+            return None
+        return Status(status.Get_source(), status.Get_tag(), element_count(status.Get_count(MPI.BYTE), dtype))
+
+    def probe(self, source=ANY_SOURCE, tag=ANY_TAG, dtype=None):
+        status = MPI.Status()
+        self.comm.Probe(_wildcard(source, MPI.ANY_SOURCE), _wildcard(tag, MPI.ANY_TAG), status)
+        return Status(status.Get_source(), status.Get_tag(), element_count(status.Get_count(MPI.BYTE), dtype))
 
     # -- collectives ----------------------------------------------------------------------
     def allreduce(self, buf, op="sum"):
