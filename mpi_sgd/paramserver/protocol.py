@@ -42,7 +42,7 @@ class ProtocolError(RuntimeError):
 class Backoff:
     """Spin for the first ``spins`` polls, then sleep between polls, doubling up to ``cap`` seconds."""
 
-    def __init__(self, spins: int = 200, first: float = 20e-6, cap: float = 1e-3):
+    def __init__(self, spins: int = 500, first: float = 50e-6, cap: float = 500e-6):
         self.spins, self.first, self.cap = spins, first, cap
         self.reset()
 
@@ -57,10 +57,25 @@ class Backoff:
 
 
 def wait_until(request, deadline: float) -> bool:
-    """Poll ``request`` until it completes (True) or ``time.monotonic()`` passes ``deadline`` (False)."""
+    """Poll ``request`` until it completes (True), or fails or outlives ``deadline`` (False).
+
+    It fails when the peer dies in the middle of the message: MPICH then reports an error (for
+    example the single-copy read from the dead process), which mpi4py raises as a RuntimeError.
+    """
     backoff = Backoff()
-    while not request.test():
-        if time.monotonic() > deadline:
-            return False
-        backoff.pause()
+    try:
+        while not request.test():
+            if time.monotonic() > deadline:
+                return False
+            backoff.pause()
+    except RuntimeError:
+        return False
     return True
+
+
+def in_flight(request) -> bool:
+    """Whether ``request`` is still under way (not complete, not failed); one poll."""
+    try:
+        return not request.test()
+    except RuntimeError:
+        return False

@@ -4,7 +4,8 @@ The loop asks MPI for the next message from any worker (``iprobe``), receives it
 worker's own buffer, and answers it; nothing waits for anyone else, and there is no barrier.
 Server 0 (the *lead*) also keeps the budget: it hands out exactly ``evaluations`` gradients in
 all and answers the pushes after that with STOP. Each server applies gradients to its slice with
-an ordinary ``torch.optim.SGD``, so with one worker the arithmetic is exactly plain SGD's.
+the update ``torch.optim.SGD`` makes, operation for operation, so with one worker the arithmetic is
+exactly plain SGD's.
 
 Failure handling, as this server sees it:
 
@@ -24,13 +25,28 @@ import time
 from collections import Counter
 
 import torch
-from torch import nn
 
 from ..comm.buffers import zeros
 from .protocol import (
-    DONE, FINAL, FINAL_LOST, HELLO, HOLD, NAMES, PARAMS, PUSH, SHARD, SNAPSHOT_VERSIONS, SNAPSHOTS, STATS, STOP,
-    Backoff, ProtocolError, ServerLost, wait_until,
-)  # fmt: skip
+    DONE,
+    FINAL,
+    FINAL_LOST,
+    HELLO,
+    HOLD,
+    NAMES,
+    PARAMS,
+    PUSH,
+    SHARD,
+    SNAPSHOT_VERSIONS,
+    SNAPSHOTS,
+    STATS,
+    STOP,
+    Backoff,
+    ProtocolError,
+    ServerLost,
+    in_flight,
+    wait_until,
+)
 from .staleness import Clock, staleness_lr
 
 NEW, COMPUTING, PENDING, FINISHED, LOST = "new", "computing", "pending", "finished", "lost"
@@ -51,8 +67,8 @@ class Server:
     def __init__(self, comm, params: torch.Tensor, cfg, index: int, bounds: list[slice]):
         self.comm, self.cfg, self.index, self.bounds = comm, cfg, index, bounds
         self.lead = index == 0
-        self.shard = nn.Parameter(params[bounds[index]].detach().clone())
-        self.optimizer = torch.optim.SGD([self.shard], lr=cfg.lr, momentum=cfg.momentum)
+        self.shard = params[bounds[index]].detach().clone()
+        self.velocity = None  # momentum buffer
         self.clock = Clock(cfg.max_staleness if cfg.bounded else None)
         self.t0 = time.monotonic()
         self.peers = {r: _Peer(r, self.shard, self.t0) for r in range(cfg.servers, comm.size)}
@@ -146,7 +162,9 @@ class Server:
     def _apply_ready(self) -> None:
         """Apply held pushes, oldest first, for as long as the staleness bound allows."""
         while True:
-            pending = sorted((self.clock.outstanding[p.rank], p.rank) for p in self.peers.values() if p.state == PENDING)
+            pending = sorted(
+                (self.clock.outstanding[p.rank], p.rank) for p in self.peers.values() if p.state == PENDING
+            )
             continues = not self.lead or self.granted < self.cfg.evaluations
             rank = next((r for _, r in pending if self.clock.may_apply(r, continues)), None)
             if rank is None:
@@ -155,14 +173,26 @@ class Server:
 
     def _apply(self, peer: _Peer) -> None:
         tau = self.clock.apply(peer.rank)
-        self.optimizer.param_groups[0]["lr"] = staleness_lr(self.cfg.lr, tau, self.cfg.lr_by_staleness)
-        self.shard.grad = peer.grad
-        self.optimizer.step()
+        self._step(peer.grad, staleness_lr(self.cfg.lr, tau, self.cfg.lr_by_staleness))
         self.staleness[tau] += 1
         self.applied_by[peer.rank] += 1
         if self.cfg.snapshot_every and self.clock.version % self.cfg.snapshot_every == 0:
             self._snapshot()
         self._reply(peer)
+
+    def _step(self, grad: torch.Tensor, lr: float) -> None:
+        """SGD with momentum exactly as ``torch.optim.SGD`` does it (no dampening, no Nesterov).
+
+        Written out rather than borrowed: constructing a torch optimizer imports ``torch._dynamo``,
+        seconds of start-up on a loaded machine, for four lines of arithmetic.
+        """
+        if self.cfg.momentum:
+            if self.velocity is None:
+                self.velocity = grad.clone()
+            else:
+                self.velocity.mul_(self.cfg.momentum).add_(grad)
+            grad = self.velocity
+        self.shard.add_(grad, alpha=-lr)
 
     def _reply(self, peer: _Peer) -> None:
         """Send ``peer`` the current slice: PARAMS to compute on, or STOP when the budget is spent."""
@@ -177,7 +207,7 @@ class Server:
             peer.state = COMPUTING
         else:
             peer.state = FINISHED
-        self._send(peer, tag, self.shard.detach())
+        self._send(peer, tag, self.shard)
 
     def _send(self, peer: _Peer, tag: int, data: torch.Tensor | None) -> None:
         # The worker spoke after receiving our last message, so that send has completed and this
@@ -188,18 +218,24 @@ class Server:
         if data is not None:
             peer.reply.copy_(data)
             buf = peer.reply
-        peer.sending = self.comm.isend(buf, peer.rank, tag)
+        try:
+            peer.sending = self.comm.isend(buf, peer.rank, tag)
+        except RuntimeError:  # MPI reports the worker's death (mpi4py's MPI.Exception)
+            peer.sending = None
+            return self._lose(peer, "sending to it failed")
         peer.since = peer.noted = time.monotonic()
 
     # -- failures -------------------------------------------------------------------------------
     def _watch(self, now: float) -> None:
         for peer in self.peers.values():
             if peer.state in (NEW, COMPUTING) and now - peer.since > self.cfg.worker_timeout:
-                self._lose(peer, f"sent nothing for {now - peer.since:.1f} s (--worker-timeout {self.cfg.worker_timeout:g})")
+                self._lose(
+                    peer, f"sent nothing for {now - peer.since:.1f} s (--worker-timeout {self.cfg.worker_timeout:g})"
+                )
             elif peer.state == PENDING and now - peer.noted >= self.cfg.heartbeat:
                 self.notes.append(self.comm.isend(self.empty, peer.rank, HOLD))
                 peer.noted = now
-        self.notes = [r for r in self.notes if not r.test()]
+        self.notes = [r for r in self.notes if in_flight(r)]
 
     def _lose(self, peer: _Peer, why: str) -> None:
         self.lost[peer.rank] = why
@@ -221,11 +257,11 @@ class Server:
               file=sys.stderr, flush=True)  # fmt: skip
         self.lost.pop(peer.rank, None)
         peer.state = FINISHED
-        self._send(peer, STOP, self.shard.detach())
+        self._send(peer, STOP, self.shard)
 
     # -- the end --------------------------------------------------------------------------------
     def _snapshot(self) -> None:
-        self.snapshots.append((self.clock.version, time.monotonic() - self.t0, self.shard.detach().clone()))
+        self.snapshots.append((self.clock.version, time.monotonic() - self.t0, self.shard.clone()))
 
     def _finish(self) -> None:
         """Send every worker still there the final parameters; the other servers report to server 0."""
@@ -233,7 +269,7 @@ class Server:
         tag = FINAL_LOST if self.lost else FINAL
         finished = [p for p in self.peers.values() if p.state == FINISHED]
         for peer in finished:
-            self._send(peer, tag, self.shard.detach())
+            self._send(peer, tag, self.shard)
         deadline = time.monotonic() + cfg.server_timeout
         for peer in finished:
             if peer.state == FINISHED and not wait_until(peer.sending, deadline):
@@ -260,7 +296,7 @@ class Server:
         versions = torch.tensor([v for v, _, _ in self.snapshots], dtype=torch.int64)
         kept = torch.stack([s for _, _, s in self.snapshots]).reshape(-1) if self.snapshots else self.empty
         sends = [self.comm.isend(buf, 0, tag) for buf, tag in
-                 ((self.shard.detach(), SHARD), (stats, STATS), (versions, SNAPSHOT_VERSIONS), (kept, SNAPSHOTS))]  # fmt: skip
+                 ((self.shard, SHARD), (stats, STATS), (versions, SNAPSHOT_VERSIONS), (kept, SNAPSHOTS))]  # fmt: skip
         deadline = time.monotonic() + self.cfg.server_timeout
         if not all(wait_until(s, deadline) for s in sends):
             raise ServerLost(f"server rank {self.comm.rank}: server rank 0 did not take the results")

@@ -19,8 +19,20 @@ from torch.nn import functional as F
 from .. import data
 from .flat import flatten
 from .protocol import (
-    DONE, FINAL, FINAL_LOST, HELLO, HOLD, NAMES, PARAMS, PUSH, STOP, Backoff, ProtocolError, ServerLost, wait_until,
-)  # fmt: skip
+    DONE,
+    FINAL,
+    FINAL_LOST,
+    HELLO,
+    HOLD,
+    NAMES,
+    PARAMS,
+    PUSH,
+    STOP,
+    Backoff,
+    ProtocolError,
+    ServerLost,
+    wait_until,
+)
 
 
 class Worker:
@@ -48,7 +60,7 @@ class Worker:
         self.model.train(mode)
 
     def run(self) -> None:
-        hello = [self.comm.isend(self.empty, s, HELLO) for s in self.servers]
+        hello = [self._post(self.empty, s, HELLO) for s in self.servers]
         stopped = self._replies((PARAMS, STOP))
         self._sent(hello)
         batches = self._batches()
@@ -58,11 +70,11 @@ class Worker:
             self.loss_fn(self.model(x), y).backward()
             if self.delay:
                 time.sleep(self.delay)  # a slower machine: it finishes later and lends its core meanwhile
-            pushes = [self.comm.isend(self.grads[self.bounds[s]], s, PUSH) for s in self.servers]
+            pushes = [self._post(self.grads[self.bounds[s]], s, PUSH) for s in self.servers]
             stopped = self._replies((PARAMS, STOP))
             self._sent(pushes)
             self.steps += 1
-        done = [self.comm.isend(self.empty, s, DONE) for s in self.servers if s not in stopped]
+        done = [self._post(self.empty, s, DONE) for s in self.servers if s not in stopped]
         self._replies((FINAL, FINAL_LOST))
         self._sent(done)
 
@@ -107,6 +119,12 @@ class Worker:
                 deadline = time.monotonic() + timeout
             else:
                 return status
+
+    def _post(self, buf, server: int, tag: int):
+        try:
+            return self.comm.isend(buf, server, tag)
+        except RuntimeError as e:  # MPI reports the server's death (mpi4py's MPI.Exception)
+            raise ServerLost(f"worker rank {self.comm.rank}: sending to server rank {server} failed: {e}") from None
 
     def _sent(self, requests) -> None:
         # Each server replied, so it has our message; these complete at once.
