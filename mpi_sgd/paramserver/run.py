@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import atexit
 import os
-import signal
 import sys
 import time
 import traceback
@@ -22,8 +21,6 @@ from .flat import shards
 from .protocol import SHARD, SNAPSHOT_VERSIONS, SNAPSHOTS, STATS, ServerLost
 from .server import Server
 from .worker import Worker
-
-FINALIZE_GRACE_S = 10  # MPI_Finalize waiting on a rank that died unnoticed ends the process after this
 
 
 @dataclass
@@ -58,8 +55,11 @@ def train(comm, model: torch.nn.Module, dataset: data.Dataset, cfg: AsyncConfig)
     parameters on server 0 and on every worker (other servers hold only their slice). The call
     starts with a broadcast of the initial parameters from rank 0 and a barrier once every rank
     is set up; the training loop has no collective at all.
+
     If a rank was lost on the way, this process ends without ``MPI_Finalize`` (which would wait
-    for the lost rank forever): output is flushed and the exit status is 0.
+    for the lost rank forever) when the script ends: output is flushed and the exit status is 0.
+    One gap is left: a worker that dies *after* taking the final parameters goes unnoticed, and
+    the others then wait for it in ``MPI_Finalize`` until the launcher gives up (``MPIEXEC_TIMEOUT``).
     """
     cfg.check_world(comm.size)
     data.check_size(len(dataset), cfg.workers(comm.size), cfg.batch_size)
@@ -122,32 +122,18 @@ def _work(comm, worker: Worker) -> Result:
     return Result("worker", comm.rank, steps=worker.steps, lost=lost)
 
 
-_exit_armed = False
-
-
 def _at_exit(lost: bool) -> None:
     """How this process leaves once the script ends: see :func:`train`."""
-    global _exit_armed
     if lost:
         atexit.register(_leave_now)
-    elif not _exit_armed:
-        _exit_armed = True
-        atexit.register(_finalize_guard)
 
 
 def _leave_now() -> None:
+    # Python-level exit handlers run before mpi4py's MPI_Finalize, which would wait for the lost
+    # rank forever; leaving from here skips it.
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
-
-
-def _finalize_guard() -> None:
-    # mpi4py calls MPI_Finalize after these handlers; should a rank have died unnoticed (in the last
-    # moments, after its final message), MPI_Finalize waits for it forever. The alarm's default
-    # action ends this process instead, and the launcher then ends the job.
-    if hasattr(signal, "alarm"):
-        signal.signal(signal.SIGALRM, signal.SIG_DFL)
-        signal.alarm(FINALIZE_GRACE_S)
 
 
 def mean_loss(model: torch.nn.Module, dataset: data.Dataset, batch: int = 4096) -> float:
