@@ -7,7 +7,7 @@ Every message is a buffer; its tag says what it is and a probe tells its sender 
                        DONE    (empty)           server 0 stopped me; I will push no more
     server -> worker   PARAMS  parameter slice    the new parameters: compute on
                        STOP    parameter slice    (server 0) the gradient budget is spent: push no more
-                       HOLD    (empty)           your push waits (bounded staleness); I am alive
+                       HOLD    (empty)           you are kept waiting, and I am alive
                        FINAL   parameter slice    training is over: the final parameters
                        FINAL_LOST                 the same, and a rank was lost on the way
     server -> server 0 SHARD, STATS, SNAPSHOTS    at the end: final slice, counts, kept versions

@@ -12,8 +12,8 @@ Failure handling, as this server sees it:
 * a worker that sends nothing for ``worker_timeout`` seconds while it owes a push is *lost*:
   it is reported, its unapplied gradient (if any) is dropped and handed out again, and it no
   longer counts for bounded staleness. A lost worker that speaks again is told STOP.
-* a worker kept waiting by bounded staleness gets a HOLD every ``heartbeat`` seconds, so it
-  can tell a busy server from a dead one.
+* a worker kept waiting (by bounded staleness, or stopped until every other worker is) gets a
+  HOLD every ``heartbeat`` seconds, so it can tell a busy server from a dead one.
 * a message that cannot be right (from a non-worker, of the wrong length, a gradient with NaN
   or infinity) raises :class:`~.protocol.ProtocolError`: garbage is not trained on.
 """
@@ -218,12 +218,17 @@ class Server:
         if data is not None:
             peer.reply.copy_(data)
             buf = peer.reply
-        try:
-            peer.sending = self.comm.isend(buf, peer.rank, tag)
-        except RuntimeError:  # MPI reports the worker's death (mpi4py's MPI.Exception)
-            peer.sending = None
+        peer.sending = self._post(buf, peer.rank, tag)
+        if peer.sending is None:
             return self._lose(peer, "sending to it failed")
         peer.since = peer.noted = time.monotonic()
+
+    def _post(self, buf, rank: int, tag: int):
+        """``isend``, or None where MPI reports the peer's death (mpi4py raises it as a RuntimeError)."""
+        try:
+            return self.comm.isend(buf, rank, tag)
+        except RuntimeError:
+            return None
 
     # -- failures -------------------------------------------------------------------------------
     def _watch(self, now: float) -> None:
@@ -232,10 +237,11 @@ class Server:
                 self._lose(
                     peer, f"sent nothing for {now - peer.since:.1f} s (--worker-timeout {self.cfg.worker_timeout:g})"
                 )
-            elif peer.state == PENDING and now - peer.noted >= self.cfg.heartbeat:
-                self.notes.append(self.comm.isend(self.empty, peer.rank, HOLD))
+            elif peer.state in (PENDING, FINISHED) and now - peer.noted >= self.cfg.heartbeat:
+                # kept waiting: for the staleness bound, or (stopped) for the others to finish
+                self.notes.append(self._post(self.empty, peer.rank, HOLD))
                 peer.noted = now
-        self.notes = [r for r in self.notes if in_flight(r)]
+        self.notes = [r for r in self.notes if r is not None and in_flight(r)]
 
     def _lose(self, peer: _Peer, why: str) -> None:
         self.lost[peer.rank] = why
@@ -266,10 +272,9 @@ class Server:
     def _finish(self) -> None:
         """Send every worker still there the final parameters; the other servers report to server 0."""
         cfg = self.cfg
-        tag = FINAL_LOST if self.lost else FINAL
         finished = [p for p in self.peers.values() if p.state == FINISHED]
         for peer in finished:
-            self._send(peer, tag, self.shard)
+            self._send(peer, FINAL_LOST if self.lost else FINAL, self.shard)
         deadline = time.monotonic() + cfg.server_timeout
         for peer in finished:
             if peer.state == FINISHED and not wait_until(peer.sending, deadline):
@@ -303,7 +308,7 @@ class Server:
 
     def collect_from(self, server: int) -> dict:
         """(server 0) Ask another server for its results and receive them."""
-        self.notes.append(self.comm.isend(self.empty, server, COLLECT))
+        self.notes.append(self._post(self.empty, server, COLLECT))
         wait = self.cfg.worker_timeout + 2 * self.cfg.server_timeout  # it may still be serving
         out = {}
         for tag, dtype in ((SHARD, self.shard.dtype), (STATS, torch.int64), (SNAPSHOT_VERSIONS, torch.int64),
