@@ -21,7 +21,9 @@ that a dead peer could leave hanging:
 * *A worker dies*: the servers hear nothing from it for ``worker_timeout`` seconds, report it
   ("lost worker rank 3"), hand its gradient to the others and finish the budget without it.
   A process that survives a lost rank leaves without ``MPI_Finalize``, which would wait for the
-  lost rank forever, and the job's exit status is the dead rank's.
+  lost rank forever, and the job's exit status is the dead rank's. (A worker that dies *after*
+  taking the final parameters is not noticed: the others then wait for it in ``MPI_Finalize``
+  until the launcher's ``MPIEXEC_TIMEOUT``.)
 * *A server dies*: its workers hear nothing for ``server_timeout`` seconds (5 by default; a
   server keeping a worker waiting sends a HOLD every ``heartbeat`` seconds, so waiting is not
   silence), print which server is gone and ``MPI_Abort`` the job: it ends within about
