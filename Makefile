@@ -158,6 +158,12 @@ docker-cluster:
 docker-down:
 	$(COMPOSE) down --volumes --remove-orphans
 
+# Asynchronous (parameter server) vs synchronous SGD: R = 2, 3, 4, a straggler, a communication-bound
+# case; one process that starts its own mpiexec jobs.
+.PHONY: bench-async
+bench-async: venv
+	$(BIN)/mpi-sgd bench async
+
 lint: venv
 	$(BIN)/ruff check mpi_sgd examples tests
 	$(BIN)/ruff format --check mpi_sgd examples tests

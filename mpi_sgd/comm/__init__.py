@@ -2,7 +2,17 @@
 
 from __future__ import annotations
 
-from .base import OPS, CollectiveMismatchError, CommError, Communicator, Request, split_counts
+from .base import (
+    ANY_SOURCE,
+    ANY_TAG,
+    OPS,
+    CollectiveMismatchError,
+    CommError,
+    Communicator,
+    Request,
+    Status,
+    split_counts,
+)
 
 TORCH_BACKENDS = ("gloo", "mpi", "nccl")  # torch.distributed's, behind TorchDistComm
 BACKENDS = ("mpi4py", "local", *TORCH_BACKENDS)  # every name init() accepts
@@ -46,6 +56,8 @@ def init(backend: str = "mpi4py", debug: bool | None = None, abort_on_error: boo
 
 
 __all__ = [
+    "ANY_SOURCE",
+    "ANY_TAG",
     "BACKENDS",
     "TORCH_BACKENDS",
     "OPS",
@@ -53,6 +65,7 @@ __all__ = [
     "CommError",
     "Communicator",
     "Request",
+    "Status",
     "init",
     "split_counts",
 ]

@@ -61,6 +61,7 @@ def every_call(comm) -> list[tuple]:
     """Each seam call once, with arguments a world of one accepts; returns what it should record."""
     x, slot = torch.arange(3.0), torch.zeros(1, 3)
     comm.send(x, 0, 5)
+    assert comm.iprobe(0, 5, None).tag == 5 and comm.probe(0, 5, None).source == 0
     comm.recv(x, 0, 5)
     pending = comm.irecv(x, 0, 6)
     comm.isend(x, 0, 6).wait()
@@ -78,7 +79,7 @@ def every_call(comm) -> list[tuple]:
     assert comm.wtime() > 0
     with pytest.raises(SystemExit):
         comm.abort(3)
-    names = ["send", "recv", "irecv", "isend", "allreduce", "iallreduce", "broadcast", "reduce", "gather",
+    names = ["send", "iprobe", "probe", "recv", "irecv", "isend", "allreduce", "iallreduce", "broadcast", "reduce", "gather",
              "allgather", "scatter", "reduce_scatter", "barrier", "bcast_obj", "allgather_obj", "gather_obj",
              "wtime", "abort"]  # fmt: skip
     assert sorted(names) == SEAM  # the list above covers the whole seam
@@ -90,7 +91,7 @@ def test_calls_reach_the_inner_communicator_unchanged():
     wrapped = CommWrapper(inner)
     names = every_call(wrapped)
     assert [c[0] for c in inner.calls] == names
-    assert inner.calls[4][2:] == ("max",) and inner.calls[7][2:] == ("sum", 0)  # arguments pass through
+    assert inner.calls[6][2:] == ("max",) and inner.calls[9][2:] == ("sum", 0)  # arguments pass through
     assert (wrapped.rank, wrapped.size, wrapped.local_rank, wrapped.local_size) == (0, 1, 0, 1)
     assert wrapped.backend == "local" and wrapped.is_root
     assert wrapped.device == "cpu"  # a backend's own attribute, looked up on the inner one
