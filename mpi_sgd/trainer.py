@@ -30,10 +30,12 @@ from .gradsync import GradSync
 WARMUP_STEPS = 5  # left out of the timing summary: first steps pay for allocation and caches
 
 
-def make_optimizer(cfg: TrainConfig, model: torch.nn.Module) -> torch.optim.Optimizer:
+def make_optimizer(cfg: TrainConfig, model) -> torch.optim.Optimizer:
+    """``cfg``'s optimizer over a model's parameters, or over a list of tensors (a sharded optimizer's shards)."""
+    params = model.parameters() if isinstance(model, torch.nn.Module) else model
     if cfg.optimizer == "adam":
-        return torch.optim.Adam(model.parameters(), lr=cfg.lr)
-    return torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum)
+        return torch.optim.Adam(params, lr=cfg.lr)
+    return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum)
 
 
 class Trainer:
@@ -141,10 +143,15 @@ class Trainer:
     def _save_checkpoint(self, path: str) -> None:
         # Every rank's RNG state (dropout masks differ per rank), so a resume is bit-exact.
         rng = self.comm.gather_obj(torch.get_rng_state())
+        # A sharded optimizer (mpi_sgd.zero) gathers its shards into the unsharded format: a collective.
+        full_state = getattr(self.optimizer, "full_state_dict", None)
+        model_state, optimizer_state = (
+            full_state() if full_state else (self.model.state_dict(), self.optimizer.state_dict())
+        )
         if self.comm.is_root:
             state = {
-                "model": self.model.state_dict(),
-                "optimizer": self.optimizer.state_dict(),
+                "model": model_state,
+                "optimizer": optimizer_state,
                 "epoch": self.epoch,
                 "step_in_epoch": self.step_in_epoch,
                 "step": self.step,
@@ -155,8 +162,11 @@ class Trainer:
 
     def load_checkpoint(self, path: str) -> None:
         state = checkpoint.load(path, self.comm)
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        if hasattr(self.optimizer, "load_full_state_dict"):  # sharded: each rank takes its shards
+            self.optimizer.load_full_state_dict(state["model"], state["optimizer"])
+        else:
+            self.model.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
         self.epoch, self.step_in_epoch, self.step = state["epoch"], state["step_in_epoch"], state["step"]
         if state["world_size"] == self.comm.size:
             torch.set_rng_state(state["rng"][self.comm.rank])
