@@ -8,13 +8,14 @@ The same file runs as one process (`python examples/sync_sgd.py`) and on many ho
 (`mpiexec -n 4 -hosts a,b python examples/sync_sgd.py`).
 
 Try: --strategy naive|flat|bucketed, --optimizer adam, --dataset toy --model ffnet,
---grad-accum 4, --checkpoint ckpt.pt then --resume ckpt.pt, --metrics-json metrics.json.
+--grad-accum 4, --checkpoint ckpt.pt then --resume ckpt.pt, --metrics-json metrics.json,
+--zero 1|2|3 (sharded data parallel; see examples/07_zero.py).
 """
 
 import torch
 
 from mpi_sgd import comm as mpicomm
-from mpi_sgd import data, gradsync
+from mpi_sgd import data, gradsync, zero
 from mpi_sgd.args import ArgumentParser
 from mpi_sgd.config import TrainConfig
 from mpi_sgd.launch import pin_threads, placement
@@ -44,7 +45,7 @@ if comm.is_root:
     print(
         f"{cfg.model} on {dataset.name} ({len(dataset)} samples, {task}); {comm.size} rank(s) x "
         f"batch {cfg.batch_size} = effective batch {comm.size * cfg.batch_size}; "
-        f"{cfg.strategy} gradient averaging over {comm.backend}"
+        f"{f'ZeRO stage {cfg.zero}' if cfg.zero else cfg.strategy} gradient averaging over {comm.backend}"
     )
 
 # The same seed on every rank gives the same initial model; the broadcast from rank 0 makes it
@@ -54,8 +55,12 @@ model = build_model(cfg.model, tuple(dataset.x.shape[1:]), dataset.num_outputs).
 gradsync.broadcast_parameters(model, comm)
 torch.manual_seed(cfg.seed + comm.rank)
 
-optimizer = make_optimizer(cfg, model)
-sync = gradsync.make(cfg.strategy, model, comm, cfg.bucket_mb, events=[] if cfg.timeline else None)
+events = [] if cfg.timeline else None
+if cfg.zero:  # sharded data parallel (mpi_sgd/zero): the optimizer steps on this rank's shards
+    sync, optimizer = zero.make(cfg.zero, model, comm, lambda shards: make_optimizer(cfg, shards), events)
+else:
+    optimizer = make_optimizer(cfg, model)
+    sync = gradsync.make(cfg.strategy, model, comm, cfg.bucket_mb, events)
 trainer = Trainer(model, optimizer, sync, dataset, comm, cfg)
 if cfg.resume:
     trainer.load_checkpoint(cfg.resume)
