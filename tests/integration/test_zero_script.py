@@ -16,12 +16,13 @@ def table_rows(stdout: str) -> list[list[str]]:
 
 
 def test_equivalence_at_four_ranks():
-    """tests/mpi/test_zero.py's equivalence and uneven-shard tests at R = 4 (make test runs 1, 2, 3)."""
+    """tests/mpi/test_zero.py's equivalence tests at R = 4 (make test runs all of it at 1, 2, 3):
+    each stage with Adam, and with the uneven units of which one is smaller than R."""
     test_file = str(ROOT / "tests" / "mpi" / "test_zero.py")
     out = run_mpi(4, "-m", "mpi4py", "-m", "pytest", "--with-mpi", "-x", "-q", "-p", "no:cacheprovider",
-                  "-k", "equals_plain or uneven", test_file, env=ENV, timeout=240)  # fmt: skip
+                  "-k", "equals_plain and adam or uneven", test_file, env=ENV, timeout=240)  # fmt: skip
     ran = [int(n) for n in re.findall(r"(\d+) passed", out.stdout)]
-    assert len(ran) == 4 and min(ran) == 9, out.stdout[-2000:]  # every rank ran them, none skipped
+    assert len(ran) == 4 and min(ran) == 6, out.stdout[-2000:]  # every rank ran them, none skipped
 
 
 def test_07_zero_at_three_ranks_prints_equality_and_memory():
@@ -41,23 +42,22 @@ def test_07_zero_at_three_ranks_prints_equality_and_memory():
 def test_sync_sgd_zero_resumes_at_another_world_size_and_stage(tmp_path):
     ckpt = tmp_path / "c.pt"
     script = str(EXAMPLES / "sync_sgd.py")
-    common = ["--optimizer", "adam", "--lr", "0.01", "--no-progress", "--epochs", "2"]
-    out = run_mpi(3, script, "--zero", "3", "--checkpoint", str(ckpt), *common, env=ENV).stdout
+    common = ["--model", "ffnet", "--dataset", "toy", "--batch-size", "64", "--no-progress", "--epochs", "2"]
+    out = run_mpi(3, script, "--zero", "3", "--checkpoint", str(ckpt), "--max-steps", "10", *common, env=ENV).stdout
     assert "ZeRO stage 3 gradient averaging" in out and ckpt.exists()
     first = [float(x) for x in re.findall(r"loss (\S+)", out)]
-    out = run_mpi(2, script, "--zero", "1", "--resume", str(ckpt), *common[:-1], "4", env=ENV).stdout
+    out = run_mpi(2, script, "--zero", "1", "--resume", str(ckpt), "--max-steps", "20", *common, env=ENV).stdout
     resumed = [float(x) for x in re.findall(r"loss (\S+)", out)]
-    assert len(resumed) == 2 and resumed[-1] < first[-1]  # went on from epoch 2, kept learning
-    bad = run_mpi(2, script, "--zero", "4", check=False, timeout=60)
-    assert bad.returncode == 2 and bad.stderr.count("--zero must be 0, 1, 2 or 3") == 1
+    # R = 3 stopped mid-epoch; at R = 2 the next epoch starts (trainer.load_checkpoint) and learns on
+    assert len(first) == len(resumed) == 1 and resumed[0] < first[0], out
 
 
 def test_bench_zero_prints_three_tables(tmp_path):
-    out = run_mpi(2, "-m", "mpi_sgd.cli", "bench", "zero", "--layers", "16,32,32,4", "--steps", "1", "--rounds", "1",
+    out = run_mpi(1, "-m", "mpi_sgd.cli", "bench", "zero", "--layers", "16,32,32,4", "--steps", "1", "--rounds", "1",
                   "--out-dir", str(tmp_path), "--no-plot", env=ENV).stdout  # fmt: skip
     rows = {r[0]: r for r in table_rows(out)}
     assert {"local", "dp", "zero1", "zero2", "zero3"} <= rows.keys()
     volumes = re.findall(r"\| +(zero\d|dp) +\|.*\| +(\d\.\d+) Ψ \| +(\d) Ψ \|", out)
     assert {v: (round(float(m)), int(p)) for v, m, p in volumes} == {
         "dp": (2, 2), "zero1": (2, 2), "zero2": (2, 2), "zero3": (3, 3)}  # fmt: skip
-    assert (tmp_path / "zero-n2.json").exists()
+    assert (tmp_path / "zero-n1.json").exists()
