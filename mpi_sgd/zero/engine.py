@@ -61,6 +61,14 @@ class ZeroEngine(GradSync):
         self.stage = stage
         self.loss_scale = 1.0 / comm.size
         self.units: list[Unit] = build_units(model, comm.rank, comm.size, separate_shard=stage == 3)
+        # Every rank must cut the same units, or the collectives below would pair up buffers of
+        # different sizes (MPI truncates, or reduces garbage). One small collective, once.
+        layouts = comm.allgather_obj([(u.name, u.numel, str(u.dtype)) for u in self.units])
+        for r, layout in enumerate(layouts):
+            if layout != layouts[0]:
+                raise ValueError(
+                    f"rank {r} built other units than rank 0 (a different model?): {layout} vs {layouts[0]}"
+                )
         self.memory = None  # a MemoryTracker (see .memory) sampled at every event, when measuring
         self._index = {id(u): i for i, u in enumerate(self.units)}
         self._order = self.units[::-1]  # the order reduce-scatters start in

@@ -249,3 +249,12 @@ def test_memory_and_communication_match_the_formulas(comm, stage):
     volume = counting.bytes["reduce_scatter"] + counting.bytes["allgather"]
     assert 0 <= volume - memmodel.comm_elements(psi, stage) * e <= (1 + gathers) * padding
     assert math.isclose(counting.ring_bytes_sent(), (counting.volume()) * (R - 1) / R)
+
+
+def test_ranks_with_different_models_are_refused_before_any_collective(comm):
+    if comm.size == 1:
+        pytest.skip("needs two ranks to differ")
+    torch.manual_seed(0)
+    model = Tiny() if comm.rank == 0 else nn.Sequential(nn.Linear(12, 5), nn.Linear(5, 1))
+    with pytest.raises(ValueError, match="rank 1 built other units than rank 0"):
+        zero.make(2, model.double(), comm, lambda shards: torch.optim.SGD(shards, lr=0.1))
