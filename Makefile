@@ -90,6 +90,11 @@ bench: venv
 bench-sgd: venv
 	$(MPIEXEC) -n $(NP) $(BIN)/mpi-sgd bench sgd
 
+# Sharded data parallel: memory and bytes per rank vs the ZeRO formulas, step time vs plain data parallel.
+.PHONY: bench-zero
+bench-zero: venv
+	$(MPIEXEC) -n $(NP) $(BIN)/mpi-sgd bench zero
+
 lint: venv
 	$(BIN)/ruff check mpi_sgd examples tests
 	$(BIN)/ruff format --check mpi_sgd examples tests
