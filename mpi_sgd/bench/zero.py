@@ -33,7 +33,7 @@ from .. import gradsync, memmodel, zero
 from ..args import positive_int, positive_ints
 from ..comm.counting import CountingComm
 from ..models import MLP
-from .report import add_output_arguments, markdown_table, save_results
+from .report import add_output_arguments, markdown_table, new_figure, save_results
 from .timing import time_interleaved
 
 VARIANTS = ("local", "dp", "zero1", "zero2", "zero3")
@@ -162,6 +162,26 @@ def tables(result: dict, R: int, optimizer: str) -> str:
     )
 
 
+def plot(result: dict, R: int, optimizer: str, path) -> None:
+    """Model-state MiB per variant, stacked by kind; the formula and the peak as markers."""
+    fig, ax = new_figure(figsize=(7, 4))
+    names = list(result["memory"])
+    bottom = [0.0] * len(names)
+    for kind, color in (("params", "tab:blue"), ("grads", "tab:orange"), ("optimizer", "tab:green")):
+        values = [result["memory"][v][0][kind] / MIB for v in names]
+        ax.bar(names, values, bottom=bottom, color=color, label=kind)
+        bottom = [b + x for b, x in zip(bottom, values, strict=True)]
+    opt = "adam" if optimizer == "adam" else "momentum"
+    formula = [memmodel.model_states(result["psi"], _stage(v), R, opt).total / MIB for v in names]
+    ax.plot(names, formula, "k_", markersize=30, mew=2, label="formula")
+    ax.plot(names, [sum(result["memory"][v][1].values()) / MIB for v in names], "rv", label="peak in step")
+    ax.set_ylabel("MiB per rank")
+    ax.set_title(f"model states per rank at R = {R}")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
 def main(comm, args) -> int:
     from ..launch import pin_threads
 
@@ -172,7 +192,8 @@ def main(comm, args) -> int:
         print(f"ZeRO at R = {comm.size}: {model}, {args.optimizer}, batch {args.batch_size} per rank, "
               f"{threads} torch thread(s) per rank\n")  # fmt: skip
         print(tables(result, comm.size, args.optimizer))
-        save_results(args, f"zero-n{comm.size}", {"world_size": comm.size, "layers": args.layers, **result})
+        payload = {"world_size": comm.size, "layers": args.layers, **result}
+        save_results(args, f"zero-n{comm.size}", payload, lambda png: plot(result, comm.size, args.optimizer, png))
     return 0
 
 
