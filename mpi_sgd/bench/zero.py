@@ -24,6 +24,8 @@ and prints three tables:
 from __future__ import annotations
 
 import argparse
+import statistics
+import time
 from dataclasses import asdict
 
 import torch
@@ -66,11 +68,16 @@ def _build(variant: str, comm, args):
     return model, sync, optimizer
 
 
-def _step_fn(model, sync, optimizer, x, y, tracker=None):
-    """One training step: the trainer's, less its bookkeeping. ``sync.wait`` of ``local`` does nothing."""
+def _step_fn(model, sync, optimizer, x, y, tracker=None, record=None):
+    """One training step: the trainer's, less its bookkeeping. ``sync.wait`` of ``local`` does nothing.
+
+    ``record`` gets (seconds blocked in communication, seconds in ``optimizer.step``) per step;
+    the latter includes the parameter all-gather of stages 1-2, which is also in the former.
+    """
     local = type(sync) is gradsync.GradSync
 
     def step():
+        sync.seconds = 0.0
         sync.zero_grad()
         with sync.accumulate():
             (F.cross_entropy(model(x), y) * (1.0 if local else sync.loss_scale)).backward()
@@ -78,7 +85,10 @@ def _step_fn(model, sync, optimizer, x, y, tracker=None):
             sync.wait()
         if tracker is not None:
             tracker.sample()
+        t0 = time.perf_counter()
         optimizer.step()
+        if record is not None:
+            record.append((sync.seconds, time.perf_counter() - t0))
         if tracker is not None:
             tracker.sample()
 
@@ -103,12 +113,18 @@ def measure(comm, args) -> dict:
         traffic[v] = (dict(counting.bytes), counting.volume(), counting.ring_bytes_sent())
         if _stage(v):
             sync.memory = None  # not sampled while timed
-    calls = {v: _step_fn(model, sync, optimizer, x, y) for v, (model, sync, optimizer) in built.items()}
+    records = {v: [] for v in built}
+    calls = {v: _step_fn(m, sync, opt, x, y, record=records[v]) for v, (m, sync, opt) in built.items()}
     times = time_interleaved(comm, calls, iterations=args.steps * args.rounds, warmup=args.warmup, rounds=args.rounds)
+    # per variant, the slowest rank's mean seconds blocked in communication and in the optimizer step
+    parts = comm.allgather_obj({v: [statistics.fmean(c) for c in zip(*r[args.warmup :] or r, strict=True)]
+                                for v, r in records.items()})  # fmt: skip
+    split = {v: [max(p[v][i] for p in parts) for i in (0, 1)] for v in built}
     # Ranks hold the same amounts up to padding: report the largest.
     everyone = comm.allgather_obj({v: (asdict(m[0]), asdict(m[1])) for v, m in memory.items()})
     worst = {v: max((r[v] for r in everyone), key=lambda m: sum(m[0].values())) for v in memory}
-    return {"psi": psi, "memory": worst, "traffic": traffic, "times": {v: asdict(t) for v, t in times.items()}}
+    times = {v: {**asdict(t), "comm": split[v][0], "optimizer": split[v][1]} for v, t in times.items()}
+    return {"psi": psi, "memory": worst, "traffic": traffic, "times": times}
 
 
 def _pair(measured: float, formula: float) -> str:
@@ -133,8 +149,9 @@ def tables(result: dict, R: int, optimizer: str) -> str:
             comm_rows.append([v, by_op.get("allreduce", 0) / MIB, by_op.get("reduce_scatter", 0) / MIB,
                               by_op.get("allgather", 0) / MIB, f"{volume / (4 * psi):.3f} Ψ",
                               f"{memmodel.COMM_VOLUME[stage]} Ψ", _pair(sent, ring)])  # fmt: skip
-        t = result["times"][v]["max"]
-        time_rows.append([v, 1e3 * t, t / dp_time, t / local_time])
+        t = result["times"][v]
+        time_rows.append([v, 1e3 * t["max"], 1e3 * t["comm"], 1e3 * t["optimizer"], t["max"] / dp_time,
+                          t["max"] / local_time])  # fmt: skip
     k = "8" if opt == "adam" else "4"
     return "\n\n".join(
         [
@@ -156,8 +173,9 @@ def tables(result: dict, R: int, optimizer: str) -> str:
                 ],
                 comm_rows,
             ),  # fmt: skip
-            "step time (slowest rank, median of interleaved blocks):",
-            markdown_table(["variant", "step ms", "x dp", "x local"], time_rows),
+            "step time (slowest rank, median of interleaved blocks); of it, blocked in communication and in the "
+            "optimizer step (which includes stages 1-2's parameter all-gather), slowest rank's mean:",
+            markdown_table(["variant", "step ms", "comm ms", "optimizer ms", "x dp", "x local"], time_rows),
         ]
     )
 
