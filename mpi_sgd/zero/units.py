@@ -57,8 +57,8 @@ class Unit:
         self.grad_shard = torch.zeros(self.shard_numel, dtype=self.dtype, device=self.device)
         # per-step bookkeeping, reset by the engine
         self.pending = len(params)  # parameters whose gradient has not arrived this micro-batch
-        self.gather = None  # Request of an all-gather into ``full`` in flight
-        self.reduce = None  # (Request, receive buffer) of a reduce-scatter in flight
+        self.gather = None  # (Request, start time) of an all-gather into ``full`` in flight
+        self.reduce = None  # (Request, receive buffer, start time) of a reduce-scatter in flight
 
     def __repr__(self) -> str:
         return f"<Unit {self.name}: {self.numel} elements, shard {self.shard_numel}>"
