@@ -164,6 +164,11 @@ docker-down:
 bench-async: venv
 	$(BIN)/mpi-sgd bench async
 
+# Sharded data parallel: memory and bytes per rank vs the ZeRO formulas, step time vs plain data parallel.
+.PHONY: bench-zero
+bench-zero: venv
+	$(MPIEXEC) -n $(NP) $(BIN)/mpi-sgd bench zero
+
 lint: venv
 	$(BIN)/ruff check mpi_sgd examples tests
 	$(BIN)/ruff format --check mpi_sgd examples tests

@@ -22,6 +22,8 @@ Buffer conventions (the same on every backend):
   rank); ``scatter`` sends slot ``i`` of the root's ``sendbuf`` to rank ``i``.
 * ``reduce_scatter`` reduces ``sendbuf`` (length ``sum(counts)``, flattened) across ranks and
   leaves segment ``rank`` in ``recvbuf``; ``counts`` defaults to an equal split.
+* ``iallreduce``, ``ireduce_scatter`` and ``iallgather`` start the same operations and return a
+  :class:`Request`; the buffers must not be touched until it completes.
 """
 
 from __future__ import annotations
@@ -213,6 +215,16 @@ class Communicator(abc.ABC):
 
     @abc.abstractmethod
     def reduce_scatter(self, sendbuf, recvbuf, counts: Sequence[int] | None = None, op: str = "sum"): ...
+
+    # Non-blocking forms of reduce_scatter and allgather, for overlapping them with computation
+    # (sharded data parallel). A backend without them runs the blocking call: correct, no overlap.
+    def ireduce_scatter(self, sendbuf, recvbuf, counts: Sequence[int] | None = None, op: str = "sum") -> Request:
+        self.reduce_scatter(sendbuf, recvbuf, counts, op)
+        return Request.completed()
+
+    def iallgather(self, sendbuf, recvbuf) -> Request:
+        self.allgather(sendbuf, recvbuf)
+        return Request.completed()
 
     @abc.abstractmethod
     def barrier(self) -> None: ...

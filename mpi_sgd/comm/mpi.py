@@ -188,6 +188,20 @@ class MPIComm(Communicator):
             recv /= self.size
         return recvbuf
 
+    def ireduce_scatter(self, sendbuf, recvbuf, counts: Sequence[int] | None = None, op="sum"):
+        send, recv = as_array(sendbuf).reshape(-1), as_array(recvbuf).reshape(-1)
+        counts = list(counts) if counts is not None else split_counts(send.size, self.size)
+        finish = None
+        if op == "avg":
+            check_avg(recv)
+            finish = lambda: recv.__itruediv__(self.size)  # noqa: E731
+        handle = self.comm.Ireduce_scatter(send, recv, counts, _mpi_op(op))
+        return Request(handle, _wait, _test, finish, keep=(sendbuf, recvbuf))
+
+    def iallgather(self, sendbuf, recvbuf):
+        handle = self.comm.Iallgather(_spec(sendbuf), _spec(recvbuf))
+        return Request(handle, _wait, _test, keep=(sendbuf, recvbuf))
+
     def barrier(self):
         self.comm.Barrier()
 

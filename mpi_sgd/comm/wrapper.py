@@ -116,6 +116,12 @@ class CommWrapper(Communicator):
     def reduce_scatter(self, sendbuf, recvbuf, counts: Sequence[int] | None = None, op: str = "sum"):
         return self.inner.reduce_scatter(sendbuf, recvbuf, counts, op)
 
+    def ireduce_scatter(self, sendbuf, recvbuf, counts: Sequence[int] | None = None, op: str = "sum") -> Request:
+        return self.inner.ireduce_scatter(sendbuf, recvbuf, counts, op)
+
+    def iallgather(self, sendbuf, recvbuf) -> Request:
+        return self.inner.iallgather(sendbuf, recvbuf)
+
     def barrier(self) -> None:
         return self.inner.barrier()
 

@@ -20,7 +20,7 @@ FLOORS = (
     ("launch", "report", "args", "cluster"),  # where a process sits and on which hosts; results; flags
     ("comm",),  # the seam and its backends and wrappers
     ("collectives", "timing", "data", "models", "checkpoint", "perfmodel", "guide"),  # built on the seam, or pure
-    ("gradsync", "paramserver"),  # parallelism strategies
+    ("gradsync", "paramserver", "zero"),  # parallelism strategies
     ("config", "trainer"),  # the training loop
     ("calibrate",),  # measuring the machine with the trainer's own step
     ("bench",),  # benchmarks: the top floor of the library
