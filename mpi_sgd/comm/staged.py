@@ -116,3 +116,22 @@ class StagedComm(CommWrapper):
 
     def reduce_scatter(self, sendbuf, recvbuf, counts=None, op="sum"):
         return self._two(self.inner.reduce_scatter, sendbuf, recvbuf, counts, op)
+
+    def _two_later(self, call, sendbuf, recvbuf, *args) -> Request:
+        s, shost = self._in(sendbuf)
+        r, rhost = self._in(recvbuf)
+        req = call(s, r, *args)
+        if shost is None and rhost is None:
+            return req
+
+        def finish():
+            self._out(shost, sendbuf, write_back=False)
+            self._out(rhost, recvbuf)
+
+        return Request(req, Request.wait, Request.test, finish, keep=(shost, rhost))
+
+    def ireduce_scatter(self, sendbuf, recvbuf, counts=None, op="sum"):
+        return self._two_later(self.inner.ireduce_scatter, sendbuf, recvbuf, counts, op)
+
+    def iallgather(self, sendbuf, recvbuf):
+        return self._two_later(self.inner.iallgather, sendbuf, recvbuf)

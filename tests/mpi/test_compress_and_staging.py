@@ -88,6 +88,12 @@ def test_staging_gives_the_same_results(comm, forced):
     direct = torch.zeros(7)
     comm.reduce_scatter(parts[rank].clone(), direct, op="sum")
     assert torch.equal(mine, direct)
+    later = torch.zeros(7)  # the non-blocking forms write back when waited on
+    sc.ireduce_scatter(parts[rank].clone(), later, op="sum").wait()
+    assert torch.equal(later, direct)
+    gathered_later = torch.zeros(size, 7 * size)
+    sc.iallgather(parts[rank].clone(), gathered_later).wait()
+    assert torch.equal(gathered_later, parts)
     r, direct = parts[rank].clone(), parts[rank].clone()
     sc.reduce(r, "sum", root)
     comm.reduce(direct, "sum", root)  # the same reduction, for the same rounding
