@@ -90,7 +90,9 @@ venv-torch:
 demo: venv
 	$(MPIEXEC) -n $(NP) $(PY) examples/sync_sgd.py
 
-test: test-unit test-mpi test-mpirun test-integration
+# The unit tests run inside test-mpirun (on both of its ranks), so make test does not run them a
+# second time on their own; make test-unit runs them alone.
+test: test-mpi test-mpirun test-integration
 
 test-unit: venv
 	$(PY) -m pytest -q --timeout=$(TEST_TIMEOUT) tests/unit
@@ -108,7 +110,7 @@ test-mpirun: venv
 	PATH="$(BIN):$$PATH" mpirun -n 2 pytest --with-mpi
 
 test-integration: venv
-	$(PY) -m pytest -q --timeout=$(TEST_TIMEOUT) tests/integration
+	$(PY) -m pytest -q --timeout=$(TEST_TIMEOUT) --durations=10 tests/integration
 
 # GPU tests, on a host with CUDA (a CUDA build of torch: TORCH_BUILD=cuda or auto): one process, then one
 # rank per GPU. Without a GPU every test skips and the target succeeds.
