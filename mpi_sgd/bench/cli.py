@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 
 from ..args import nbytes, positive_int
-from . import grid, sgd, validate, workers
+from . import grid, sgd, shm, validate, workers
 from .report import add_output_arguments
 
 
@@ -75,3 +75,4 @@ def add_parser(subparsers) -> None:
     workers.add_parser(kinds)
     sgd.add_parser(kinds)
     validate.add_parser(kinds)
+    shm.add_parser(kinds)

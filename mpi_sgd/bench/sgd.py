@@ -5,7 +5,10 @@ backward, gradient averaging, momentum update) at per-rank batch B for:
 
 * ``local``    the same step with no communication at all, every rank at once: the floor, since
   the ranks still share the host's cores and memory bandwidth as they do in the runs below;
-* ``naive``, ``flat``, ``bucketed``  the strategies of :mod:`mpi_sgd.gradsync` over mpi4py;
+* ``naive``, ``flat``, ``bucketed``  the strategies of :mod:`mpi_sgd.gradsync` over mpi4py, flat and
+  bucketed with their buckets in node-shared memory when ranks share a host (the shared all-reduce
+  of :mod:`mpi_sgd.comm.shm_allreduce`);
+* ``bucketed-mpi`` bucketed with its buckets in ordinary memory, reduced by MPI's all-reduce;
 * ``ddp-gloo`` ``torch.nn.parallel.DistributedDataParallel`` over gloo, defaults untouched:
   what a user of plain PyTorch would run;
 * ``comm-only`` no training, just one blocking all-reduce of a buffer the size of all the
@@ -40,7 +43,8 @@ MODELS = {
     "mlp": lambda: MLP((784, 1024, 1024, 10)),
     "simplenet": lambda: SimpleNet(784, 256, 10),
 }
-VARIANTS = ("local", "naive", "flat", "bucketed", "ddp-gloo", "comm-only")
+VARIANTS = ("local", "naive", "flat", "bucketed", "bucketed-mpi", "ddp-gloo", "comm-only")
+SHARED_TARGET = 1.10  # a step with shared buckets at most this much slower than one with no communication
 
 
 def _step_fn(model, optimizer, x, y, sync=None, record=None):
@@ -80,7 +84,22 @@ def variants(names, bucket_mbs) -> list[tuple[str, float | None]]:
     """(variant, bucket MB) pairs: 'bucketed' once per bucket size, the others once."""
     out = []
     for v in names:
-        out += [(v, mb) for mb in bucket_mbs] if v == "bucketed" else [(v, None)]
+        out += [(v, mb) for mb in bucket_mbs] if v.startswith("bucketed") else [(v, None)]
+    return out
+
+
+def verdicts(rows, comm) -> list[str]:
+    """The shared-bucket target, per model: the bucketed step within SHARED_TARGET of the local one."""
+    out = []
+    for model in dict.fromkeys(r["model"] for r in rows):
+        mine = {r["variant"]: r["step_s"] for r in rows if r["model"] == model}
+        shared = [v for v in mine if v.startswith("bucketed") and "-mpi" not in v]
+        if "local" not in mine or not shared or comm.size < 2 or not comm.node_shared:
+            continue
+        best = min(shared, key=mine.get)
+        ratio = mine[best] / mine["local"]
+        ok = "met" if ratio <= SHARED_TARGET else "NOT met"
+        out.append(f"target {model}: step with shared buckets <= {SHARED_TARGET:g}x local: {ok} ({best}: {ratio:.3f}x)")
     return out
 
 
@@ -109,8 +128,9 @@ def bench_model(comm, name: str, args) -> list[dict]:
         model = _build(name, comm, args.seed)
         torch.manual_seed(args.seed + comm.rank)  # dropout masks differ per rank
         sync = None
-        if variant in gradsync.STRATEGIES:
-            sync = gradsync.make(variant, model, comm, mb if mb is not None else args.bucket_mb[0])
+        if variant in gradsync.STRATEGIES or variant == "bucketed-mpi":
+            strategy, shared = variant.removesuffix("-mpi"), False if variant.endswith("-mpi") else None
+            sync = gradsync.make(strategy, model, comm, mb if mb is not None else args.bucket_mb[0], shared=shared)
         elif variant == "ddp-gloo":
             model = DistributedDataParallel(model)
         elif variant == "comm-only":
@@ -212,6 +232,9 @@ def main(comm, args) -> int:
             "gradient communication\n"
         )
         print(table(rows))
+        lines = verdicts(rows, comm)
+        if lines:
+            print("\n" + "\n".join(lines))
         payload = {"world_size": comm.size, "batch_size": args.batch_size, "threads": threads,
                    "bucket_mb": args.bucket_mb, "rows": rows}  # fmt: skip
         save_results(args, f"sgd-n{comm.size}", payload, lambda png: plot(rows, png))

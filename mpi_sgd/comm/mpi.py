@@ -82,7 +82,7 @@ class MPIComm(Communicator):
 
     backend = "mpi4py"
 
-    def __init__(self, comm: MPI.Comm | None = None, debug: bool | None = None):
+    def __init__(self, comm: MPI.Comm | None = None, debug: bool | None = None, node_size: int | None = None):
         self.comm = MPI.COMM_WORLD if comm is None else comm
         self.rank = self.comm.Get_rank()
         self.size = self.comm.Get_size()
@@ -91,6 +91,7 @@ class MPIComm(Communicator):
         node = self.comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
         self.local_rank, self.local_size = node.Get_rank(), node.Get_size()
         node.Free()
+        self._init_shared(node_size)
         if env_flag("MPI_SGD_DEBUG") if debug is None else debug:
             _install_checks(self)
 
@@ -111,8 +112,28 @@ class MPIComm(Communicator):
     def irecv(self, buf, source, tag=0):
         return Request(self.comm.Irecv(_spec(buf), source, tag), _wait, _test, keep=buf)
 
+    # -- node-shared buffers: the all-reduce of comm/shm_allreduce.py ----------------------
+    def _init_shared(self, node_size: int | None) -> None:
+        from .shm import node_size_override
+
+        # The windows are made at the first alloc_shared; whether any node has two ranks to share
+        # with is known now, and must be the same answer on every rank.
+        self._shm, self._node_size = None, node_size_override(node_size)
+        mine = self.local_size if self._node_size is None else min(self.local_size, self._node_size)
+        self.node_shared = self.comm.allreduce(mine, op=MPI.MAX) > 1
+
+    def alloc_shared(self, n, dtype=None):
+        if self._shm is None:
+            from .shm_allreduce import SharedAllreduce
+
+            self._shm = SharedAllreduce(self.comm, self._node_size)
+        return self._shm.alloc(n, dtype)
+
     # -- collectives ----------------------------------------------------------------------
     def allreduce(self, buf, op="sum"):
+        if self._shm is not None and (found := self._shm.find(buf)) is not None:
+            self._shm.allreduce(found, op)
+            return buf
         if op == "avg":
             _check_avg(buf)
             self.comm.Allreduce(MPI.IN_PLACE, _spec(buf), MPI.SUM)
@@ -122,6 +143,8 @@ class MPIComm(Communicator):
         return buf
 
     def iallreduce(self, buf, op="sum"):
+        if self._shm is not None and (found := self._shm.find(buf)) is not None:
+            return self._shm.iallreduce(found, op, keep=buf)
         finish = None
         if op == "avg":
             _check_avg(buf)

@@ -87,9 +87,11 @@ def test_bench_sgd_prints_ddp_bench_columns_and_sweeps_buckets(tmp_path):
     assert cells == ["model", "variant", "step ms", "± std", "comm ms", "± std", "comm frac", "x DDP-gloo", "x local"]
     rows = json.loads((tmp_path / "sgd-n2.json").read_text())["rows"]
     names = [r["variant"] for r in rows]
-    assert names == ["local", "naive", "flat", "bucketed 0.5MB", "bucketed 2MB", "ddp-gloo", "comm-only"]
+    assert names == ["local", "naive", "flat", "bucketed 0.5MB", "bucketed 2MB", "bucketed-mpi 0.5MB",
+                     "bucketed-mpi 2MB", "ddp-gloo", "comm-only"]  # fmt: skip
+    assert re.search(r"target simplenet: step with shared buckets <= 1.1x local: (met|NOT met) \(bucketed", proc.stdout)
     for r in rows:
-        if r["variant"] in ("naive", "flat", "bucketed 0.5MB"):
+        if r["variant"] in ("naive", "flat", "bucketed 0.5MB", "bucketed-mpi 0.5MB"):
             # blocked time is part of the step, never more than all of it
             assert 0 <= r["comm_s"] and 0 <= r["comm_frac"] <= 1 and r["step_std_s"] >= 0
     assert (tmp_path / "sgd-n2.png").stat().st_size > 1000
