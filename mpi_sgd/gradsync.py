@@ -113,24 +113,46 @@ class _Bucket:
     A *solo* bucket holds a single tensor (one too large to share a bucket, usually). In ordinary
     memory it needs no buffer of its own: its buffer is the gradient tensor autograd produced,
     reduced in place. A view into a bucket would cost a zeroing pass and an accumulating add per
-    step instead of autograd simply handing its fresh tensor over. In node-shared memory that cost
-    buys a much cheaper all-reduce, so there every bucket has a buffer.
+    step instead of autograd simply handing its fresh tensor over.
+
+    A *shared* bucket (node-shared memory, ``views`` set) holds every tensor, solo or not, since
+    its all-reduce is much cheaper than MPI's. There autograd still hands its fresh gradient over,
+    and :meth:`land` copies it into the bucket from the parameter's hook while it is in cache: one
+    copy instead of a zeroing pass plus an accumulating add (about 1.03x against 1.12x the plain
+    MLP step in one interleaved measurement here).
     """
 
-    __slots__ = ("buffer", "params", "solo", "name", "pending", "request", "started", "finished")
+    __slots__ = ("buffer", "params", "solo", "name", "pending", "request", "started", "finished", "views")
 
-    def __init__(self, buffer: torch.Tensor | None, params: list[nn.Parameter], name: str):
+    def __init__(self, buffer: torch.Tensor | None, params: list[nn.Parameter], name: str, views=None):
         self.buffer, self.params, self.solo, self.name = buffer, params, buffer is None, name
         self.pending, self.request, self.started, self.finished = len(params), None, 0.0, None
+        self.views = views  # shared buckets: {id(param): its slot in buffer}
 
     def zero_grad(self) -> None:
-        if self.solo:
+        if self.views is not None:
+            for p in self.params:
+                p.grad = None
+        elif self.solo:
             self.params[0].grad = self.buffer = None
         else:
             self.buffer.zero_()
 
+    def land(self, p: nn.Parameter) -> None:
+        """Shared buckets: move ``p``'s gradient into its slot (zeros if it got none) and point ``.grad`` there."""
+        view = self.views[id(p)]
+        if p.grad is not view:
+            if p.grad is None:
+                view.zero_()
+            else:
+                view.copy_(p.grad)
+            p.grad = view  # later micro-batches accumulate into the slot in place
+
     def ensure_buffer(self) -> torch.Tensor:
-        if self.buffer is None:  # a solo parameter with no gradient yet (unused this step)
+        if self.views is not None:  # gradients whose hook did not run (unused this step) land now
+            for p in self.params:
+                self.land(p)
+        elif self.buffer is None:  # a solo parameter with no gradient yet (unused this step)
             p = self.params[0]
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
@@ -172,17 +194,18 @@ def _make_buckets(params: list[nn.Parameter], bucket_bytes: float, alloc=None) -
             continue
         numel = sum(p.numel() for p in group)
         buffer = alloc(numel, group[0].dtype) if alloc else comm_zeros(numel, group[0].dtype, group[0].device)
-        offset = 0
+        offset, views = 0, {}
         for p in group:
-            view = buffer[offset : offset + p.numel()].view_as(p)
+            view = views[id(p)] = buffer[offset : offset + p.numel()].view_as(p)
             if p.grad is not None:
                 view.copy_(p.grad)
             # Autograd accumulates into an existing .grad in place, so gradients land in the
             # bucket directly. This holds only while nobody sets .grad to None: the trainer zeroes
             # through zero_grad() below, never optimizer.zero_grad() (which frees the views).
+            # Shared buckets set it to None on purpose and land each gradient from its hook.
             p.grad = view
             offset += p.numel()
-        buckets.append(_Bucket(buffer, group, f"allreduce[{len(buckets)}]"))
+        buckets.append(_Bucket(buffer, group, f"allreduce[{len(buckets)}]", views if alloc else None))
     return buckets
 
 
@@ -193,6 +216,10 @@ class FlatAllReduce(GradSync):
         super().__init__(model, comm, events)
         self.buckets = _make_buckets(self.params, float("inf"), _shared_alloc(comm, self.params, shared))
         self.loss_scale = 1.0 / comm.size  # the ranks' sum is then the average
+        for b in self.buckets:
+            if b.views is not None:
+                for p in b.params:
+                    p.register_post_accumulate_grad_hook(b.land)
 
     def zero_grad(self) -> None:
         for b in self.buckets:
@@ -201,7 +228,7 @@ class FlatAllReduce(GradSync):
     def wait(self) -> None:
         t0 = time.perf_counter()
         for b in self.buckets:  # one unless the model mixes dtypes
-            self.comm.allreduce(b.buffer, "sum")
+            self.comm.allreduce(b.ensure_buffer(), "sum")
         t1 = time.perf_counter()
         self.seconds += t1 - t0
         self._record("allreduce", t0, t1)
@@ -235,7 +262,9 @@ class BucketedAllReduce(FlatAllReduce):
         self._hooks = [p.register_post_accumulate_grad_hook(self._make_hook(bucket_of[id(p)])) for p in self.params]
 
     def _make_hook(self, bucket: _Bucket):
-        def hook(_param):
+        def hook(param):
+            if bucket.views is not None:
+                bucket.land(param)
             if not self._last:
                 return  # a non-final micro-batch: keep accumulating locally
             t0 = time.perf_counter()

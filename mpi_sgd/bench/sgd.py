@@ -89,11 +89,12 @@ def variants(names, bucket_mbs) -> list[tuple[str, float | None]]:
 
 
 def verdicts(rows, comm) -> list[str]:
-    """The shared-bucket target, per model: the bucketed step within SHARED_TARGET of the local one."""
+    """The shared-bucket target, per model: the best step with shared buckets (flat or bucketed) within
+    SHARED_TARGET of the local one."""
     out = []
     for model in dict.fromkeys(r["model"] for r in rows):
         mine = {r["variant"]: r["step_s"] for r in rows if r["model"] == model}
-        shared = [v for v in mine if v.startswith("bucketed") and "-mpi" not in v]
+        shared = [v for v in mine if v.split()[0] in ("flat", "bucketed")]
         if "local" not in mine or not shared or comm.size < 2 or not comm.node_shared:
             continue
         best = min(shared, key=mine.get)
