@@ -62,11 +62,12 @@ def test_shm_tests_at_four_ranks():
 def test_a_killed_rank_ends_the_job_named_and_leaves_no_shared_memory(tmp_path, monkeypatch, cleanup):
     """Rank 1 is SIGKILLed inside a loop of shared all-reduces.
 
-    ``launcher``: hydra's default, which ends the job itself when a process dies, naming its pid
-    (the survivors' check sometimes gets there first, naming the rank). ``survivors``: with
-    ``-disable-auto-cleanup`` (as under ``srun`` without ``--kill-on-bad-exit``) nothing but the
-    survivors' bounded wait ends the job; it must name rank 1. Either way, no /dev/shm file any
-    rank had mapped may still exist afterwards.
+    ``survivors``: with ``-disable-auto-cleanup`` (as under ``srun`` without ``--kill-on-bad-exit``)
+    nothing but the survivors' bounded wait ends the job, and their error must name rank 1.
+    ``launcher``: hydra's default ends the job itself within a fraction of a second, SIGKILLing the
+    survivors; whether their check names rank 1 first is a race (hydra's own report names the pid
+    of some process of the job, not necessarily the dead one), so here only a wrong name fails.
+    Either way the job ends within 10 s and no /dev/shm file any rank had mapped still exists.
     """
     if not _hydra():
         pytest.skip("needs MPICH's hydra launcher (the disable-auto-cleanup flag and its messages)")
@@ -83,10 +84,7 @@ def test_a_killed_rank_ends_the_job_named_and_leaves_no_shared_memory(tmp_path, 
     assert ended - float(killed_at.group(1)) < 10, text
     pid = re.search(r"rank 1 pid (\d+)", text).group(1)
     named = f"rank(s) 1 (pid {pid}) exited" in text
-    if cleanup == "survivors":
-        assert named, text
-    else:
-        assert named or re.search(rf"PID {pid} RUNNING AT .*\n=\s+EXIT CODE: 9", text), text
+    assert named or (cleanup == "launcher" and "exited while this rank waited" not in text), text
     mapped = {p for line in re.findall(r"^rank \d+ pid \d+ maps (.*)$", text, re.M) for p in line.split()}
     assert mapped and any("mpich_shm_" in p for p in mapped)  # MPICH's own segment was among them
     left = sorted(p for p in mapped if os.path.exists(p))
