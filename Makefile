@@ -90,6 +90,12 @@ bench: venv
 bench-sgd: venv
 	$(MPIEXEC) -n $(NP) $(BIN)/mpi-sgd bench sgd
 
+# The shared-memory all-reduce against MPI's, the seam, gloo and a memcpy; then the step with shared buckets.
+.PHONY: bench-shm
+bench-shm: venv
+	$(MPIEXEC) -n $(NP) $(BIN)/mpi-sgd bench shm
+	$(MPIEXEC) -n $(NP) $(BIN)/mpi-sgd bench sgd --variants local,flat,bucketed,bucketed-mpi
+
 lint: venv
 	$(BIN)/ruff check mpi_sgd examples tests
 	$(BIN)/ruff format --check mpi_sgd examples tests

@@ -95,7 +95,7 @@ class _Pools:
         return out
 
 
-def run(comm, impls, min_bytes: int, max_bytes: int, pool_bytes: int, rounds: int) -> list[dict]:
+def run(comm, impls, min_bytes: int, max_bytes: int, pool_bytes: int, rounds: int, iters=None) -> list[dict]:
     peer = None
     if "gloo" in impls:
         from ..comm.torch_dist import TorchDistComm
@@ -105,8 +105,8 @@ def run(comm, impls, min_bytes: int, max_bytes: int, pool_bytes: int, rounds: in
     rows = []
     for size in sizes(min_bytes, max_bytes):
         calls = {name: call for name, call in pools.calls(size).items() if name in impls}
-        iters = iterations(size)
-        stats = time_interleaved(comm, calls, iters, max(2, iters // 10), rounds)
+        n = iters or iterations(size)
+        stats = time_interleaved(comm, calls, n, max(2, n // 10), rounds)
         row = {"bytes": size, "ranks": comm.size}
         for name, st in stats.items():
             row[name] = st.max if name == "memcpy" else st.avg  # memcpy: the copying rank's time
@@ -175,7 +175,7 @@ def plot(rows, impls, path) -> None:
 
 def main(comm, args) -> int:
     impls = tuple(args.impls)
-    rows = run(comm, impls, args.min_bytes, args.max_bytes, args.pool, args.rounds)
+    rows = run(comm, impls, args.min_bytes, args.max_bytes, args.pool, args.rounds, args.iterations)
     if comm.is_root:
         print(
             f"# all-reduce, {comm.size} ranks, float32, in place, fresh buffer each call "
@@ -235,6 +235,12 @@ def add_parser(kinds) -> None:
         type=positive_int,
         default=8,
         help="interleaved blocks per implementation, the order rotating each round (default 8)",
+    )
+    p.add_argument(
+        "--iterations",
+        type=positive_int,
+        default=None,
+        help="timed calls per size and implementation (default: 1000 up to 8 KiB, 100 above, fewer from 16 MiB)",
     )
     add_output_arguments(p)
     p.set_defaults(func=_run, parser=p)

@@ -92,8 +92,8 @@ def test_a_killed_rank_ends_the_job_named_and_leaves_no_shared_memory(tmp_path, 
 
 
 def test_bench_shm_prints_the_comparison_and_the_targets(tmp_path):
-    out = run_mpi(2, "-m", "mpi_sgd.cli", "bench", "shm", "--min-bytes", "4KiB", "--max-bytes", "128KiB",
-                  "--pool", "4MiB", "--rounds", "2", "--out-dir", str(tmp_path), env=ENV)  # fmt: skip
+    sweep = ["--min-bytes", "4KiB", "--max-bytes", "128KiB", "--pool", "4MiB", "--rounds", "2", "--iterations", "20"]
+    out = run_mpi(2, "-m", "mpi_sgd.cli", "bench", "shm", *sweep, "--out-dir", str(tmp_path), env=ENV)
     header = next(line for line in out.stdout.splitlines() if line.startswith("|"))
     cells = [c.strip() for c in header.strip("|").split("|")]
     assert cells == ["size", "shared us", "raw us", "seam us", "gloo us", "memcpy us", "raw/shared", "seam/shared",
