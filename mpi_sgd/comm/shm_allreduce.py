@@ -11,6 +11,11 @@ the R ranks of a node can do its part in place (a reduce-scatter and an all-gath
    into every other rank's buffer while the chunk is still in its cache;
 3. *done*: once every rank has pushed its slice, every buffer holds the whole result.
 
+Buffers of up to :data:`STAGE_BYTES` take a variant with one synchronisation instead of two, since
+there waiting costs more than bytes: each rank copies its input into a staging slot on arrival and
+then sums every rank's slot into its own buffer itself; nobody writes another rank's buffer, so
+nobody has to wait for the writes to finish.
+
 Per rank that is one read of every buffer's slice and one write of every buffer's slice: about
 the traffic of one ``memcpy`` of the buffer, no copy-in and no copy-out. Chunking is what makes it
 pay (a rank's whole slice does not stay in cache between summing and writing it out); the chunk,
@@ -227,19 +232,16 @@ class SharedAllreduce:
         if call.stage == ARRIVED:
             if sync.behind(ARRIVED, seq, self.others):
                 return self._waiting(ARRIVED, seq, self.others, f"to start all-reduce #{seq}")
+            win = self.stage_win if call.small else seg.win
+            sync.fence(win)  # what the others wrote before arriving (descriptors, data) is visible from here
             self._check_descriptors(call)
             if call.small:
-                sync.fence(self.stage_win)
                 self._reduce_staged(call)
-                sync.fence(self.stage_win)  # our reads of their staging are over before we say so
-                sync.signal(REDUCED, seq)
-                call.stage = DONE
-                return None
-            sync.fence(seg.win)
-            self._reduce(call, push=self.flat)
-            sync.fence(seg.win)
+            else:
+                self._reduce(call, push=self.flat)
+            sync.fence(win)  # our reads and writes are over before we say so
             sync.signal(REDUCED, seq)
-            call.stage = REDUCED
+            call.stage = DONE if call.small else REDUCED
         elif call.stage == REDUCED and self.flat:
             if sync.behind(REDUCED, seq, self.others):
                 return self._waiting(REDUCED, seq, self.others, f"to write their slices of all-reduce #{seq}")
@@ -298,11 +300,8 @@ class SharedAllreduce:
                 )
 
     def _reduce_staged(self, call: _Call) -> None:
-        """A small all-reduce: every rank sums all staged copies, in rank order, into its own buffer.
-
-        One synchronisation instead of two: nobody writes into another rank's buffer, so a rank may
-        return as soon as it has read the staged copies (their slot is not reused before everyone has).
-        """
+        """A small all-reduce: every rank sums all staged copies, in rank order, into its own buffer
+        (a slot is not refilled before every rank has reduced the call that filled it)."""
         out = call.seg.views[self.mem.rank][call.lo : call.lo + call.n]
         parts = [self._staged(q, call) for q in range(self.mem.size)]
         ufunc = _UFUNC[call.op]
@@ -323,8 +322,7 @@ class SharedAllreduce:
         target_view = seg.views[target]
         sources = [seg.views[q] for q in range(mem.size) if q != target]
         ufunc = _UFUNC[call.op]
-        # across nodes the leader divides after MPI's sum; alone, the sum is the average
-        divide = call.op == "avg" and push and self.world_size > 1
+        divide = call.op == "avg" and push  # across nodes the leader divides, after MPI's sum
         step = max(1, CHUNK_BYTES // seg.dtype.itemsize)
         for a in range(lo, hi, step):
             b = min(a + step, hi)
