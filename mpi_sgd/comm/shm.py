@@ -176,11 +176,12 @@ class NodeMemory:
 
     def find(self, buf) -> tuple[_Segment, int, int] | None:
         """(segment, first element, count) if ``buf`` is a contiguous run of one of our windows."""
-        if type(buf) is torch.Tensor:
+        kind = type(buf)
+        if kind is torch.Tensor:
             if buf.requires_grad or not buf.is_cpu or not buf.is_contiguous():
                 return None
             key = (buf.data_ptr(), buf.numel(), buf.dtype)
-        elif isinstance(buf, np.ndarray) and buf.flags.c_contiguous:
+        elif kind is np.ndarray and buf.flags.c_contiguous:
             key = (buf.__array_interface__["data"][0], buf.size, buf.dtype)
         else:
             return None

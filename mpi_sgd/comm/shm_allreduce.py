@@ -57,6 +57,7 @@ STAGE_SLOTS, STAGE_BYTES = 4, 32 << 10  # small all-reduces (up to STAGE_BYTES) 
 _UFUNC = {"sum": np.add, "avg": np.add, "min": np.minimum, "max": np.maximum, "prod": np.multiply}
 _MPI_OP = {"sum": MPI.SUM, "avg": MPI.SUM, "min": MPI.MIN, "max": MPI.MAX, "prod": MPI.PROD}
 _OP_NAMES = list(_UFUNC)
+_OP_CODE = {op: i for i, op in enumerate(_OP_NAMES)}
 DONE = 99
 
 
@@ -103,6 +104,7 @@ class SharedAllreduce:
         self.failed: BaseException | None = None
         self._small_calls = 0
         self._slot_user = [0] * STAGE_SLOTS  # the call that last filled each staging slot
+        self._typed: dict[tuple, list[np.ndarray]] = {}  # (dtype, slot) -> every rank's slot as that dtype
 
     def alloc(self, n: int, dtype=None):
         return self.mem.alloc(n, dtype)
@@ -170,9 +172,9 @@ class SharedAllreduce:
         if need > 0 and sync.behind(REDUCED, need, self.everyone):
             self._until(lambda: sync.behind(REDUCED, need, self.everyone), "to catch up")
         mine, slot = sync.flags[mem.rank], DESC_BASE + (seq % SLOTS) * DESC_WORDS
-        mine[slot], mine[slot + 1], mine[slot + 2], mine[slot + 3] = seq, seg.id, lo, n * 8 + _OP_NAMES.index(op)
+        mine[slot], mine[slot + 1], mine[slot + 2], mine[slot + 3] = seq, seg.id, lo, n * 8 + _OP_CODE[op]
         if small:
-            np.copyto(self._staged(mem.rank, call), seg.views[mem.rank][lo : lo + n])
+            np.copyto(self._staged(call)[mem.rank], seg.views[mem.rank][lo : lo + n])
             sync.fence(self.stage_win)
         else:
             sync.fence(seg.win)  # the caller's data and the descriptor, before the arrival that publishes them
@@ -180,9 +182,15 @@ class SharedAllreduce:
         self.pending.append(call)
         return call
 
-    def _staged(self, q: int, call: _Call) -> np.ndarray:
-        at = call.slot * STAGE_BYTES
-        return self.stage[q][at : at + call.n * call.seg.dtype.itemsize].view(call.seg.dtype)
+    def _staged(self, call: _Call) -> list[np.ndarray]:
+        """Every rank's staging slot of ``call``, as arrays of its dtype and length."""
+        key = (call.seg.dtype, call.slot)
+        slots = self._typed.get(key)
+        if slots is None:
+            at = call.slot * STAGE_BYTES
+            slots = self._typed[key] = [stage[at : at + STAGE_BYTES].view(key[0]) for stage in self.stage]
+        n = call.n
+        return [slot[:n] for slot in slots]
 
     def _test(self, call: _Call) -> bool:
         try:
@@ -303,7 +311,7 @@ class SharedAllreduce:
         """A small all-reduce: every rank sums all staged copies, in rank order, into its own buffer
         (a slot is not refilled before every rank has reduced the call that filled it)."""
         out = call.seg.views[self.mem.rank][call.lo : call.lo + call.n]
-        parts = [self._staged(q, call) for q in range(self.mem.size)]
+        parts = self._staged(call)
         ufunc = _UFUNC[call.op]
         ufunc(parts[0], parts[1], out=out)
         for part in parts[2:]:
