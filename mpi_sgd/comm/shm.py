@@ -118,6 +118,7 @@ class NodeMemory:
     def __init__(self, comm: MPI.Comm, node_size: int | None = None):
         node_size = node_size_override(node_size)
         real = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
+        self.host_ranks = real.Get_size()
         unlink_mpi_segments(real)
         self.node = real if node_size is None else real.Split(real.Get_rank() // node_size, real.Get_rank())
         if self.node is not real:

@@ -93,7 +93,7 @@ class SharedAllreduce:
 
     def __init__(self, comm: MPI.Comm, node_size: int | None = None, timeout: float | None = None):
         self.mem = NodeMemory(comm, node_size)
-        self.sync = NodeSync(self.mem.node, self.mem.world_ranks, timeout)
+        self.sync = NodeSync(self.mem.node, self.mem.world_ranks, timeout, self.mem.host_ranks)
         self.stage_win, self.stage = shared_window(self.mem.node, STAGE_SLOTS * STAGE_BYTES, np.uint8)
         self.world_size = comm.Get_size()
         self.flat = not self.mem.multi_node

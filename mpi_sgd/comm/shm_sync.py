@@ -11,9 +11,12 @@ CPU); a reader loads the counter, calls ``Win_sync`` and then loads the data. Th
 up like release and acquire: a rank that sees the counter also sees the data written before it.
 On x86 the hardware keeps those orders anyway; on Arm or POWER the barriers are what make it right.
 
-**Every wait is bounded.** A waiting rank spins, then yields its core on every poll (ranks may
-outnumber cores, and the rank it waits for may need this one), checks every 10 ms that the ranks
-it waits for still exist (pids exchanged at start-up; a few microseconds), and gives up after
+**Every wait is bounded.** A waiting rank spins, then yields its core on every poll. How long it
+spins first depends on whether the job's ranks outnumber the host's cores: if not, the awaited
+rank is running on a core of its own and a yield would only hand this one to another program
+(MPICH's own waits spin too), so it spins for a few thousand polls; if they do, the awaited rank
+may need this very core, so it yields after a few dozen. It checks every 10 ms that the ranks it
+waits for still exist (pids exchanged at start-up; a few microseconds), and gives up after
 ``timeout`` seconds (``MPI_SGD_SHM_TIMEOUT``, default 300). Either way it raises
 :class:`StalledRankError` naming them. Launchers that end the job themselves when a process dies
 (hydra's default) often get there first; under those that do not (``mpiexec -disable-auto-cleanup``,
@@ -37,7 +40,7 @@ ARRIVED, REDUCED, READY, COPIED = range(4)
 DESC_BASE, DESC_WORDS = 8, 4
 SLOTS = (CONTROL_WORDS - DESC_BASE) // DESC_WORDS  # calls in flight at most
 LIVENESS_EVERY = 0.01  # seconds between checks that awaited ranks still exist
-SPIN_POLLS = 64  # polls before a waiting rank starts yielding its core
+SPIN_POLLS = 64, 4096  # polls before a waiting rank yields its core: ranks outnumber cores, or not
 DEFAULT_TIMEOUT = 300.0
 
 
@@ -73,12 +76,15 @@ def _dead(pid: int) -> bool:
 class NodeSync:
     """Counters on ``node`` (one control page per rank) and the waits on them. Collective over ``node``.
 
-    ``world_ranks[q]`` names node rank q in messages; ``timeout`` is the longest wait in seconds.
+    ``world_ranks[q]`` names node rank q in messages; ``timeout`` is the longest wait in seconds;
+    ``host_ranks`` is how many ranks of the job share this host (``node`` may be a part of them).
     """
 
-    def __init__(self, node: MPI.Comm, world_ranks: list[int], timeout: float | None = None):
+    def __init__(self, node: MPI.Comm, world_ranks: list[int], timeout: float | None = None, host_ranks: int = 1):
         env = os.environ.get("MPI_SGD_SHM_TIMEOUT", "").strip()
         self.timeout = timeout if timeout is not None else float(env) if env else DEFAULT_TIMEOUT
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        self.spin_polls = SPIN_POLLS[0] if max(host_ranks, node.Get_size()) > cores else SPIN_POLLS[1]
         self.rank, self.world_ranks = node.Get_rank(), world_ranks
         me = (os.getpid(), _pid_namespace())
         # A pid means something only inside our own pid namespace; elsewhere the timeout has to do.
@@ -111,7 +117,7 @@ class NodeSync:
             if not behind:
                 return
             polls += 1
-            if polls < SPIN_POLLS:  # most likely running on another core and nearly there
+            if polls < self.spin_polls:  # most likely running on another core and nearly there
                 continue
             if polls % 16 == 0:
                 now = time.monotonic()
