@@ -22,6 +22,7 @@ benchmark checks are printed under the table with "met" or "NOT met".
 from __future__ import annotations
 
 import argparse
+import itertools
 
 import numpy as np
 
@@ -68,31 +69,39 @@ class _Pools:
                 part[:] = 0  # touch every page now
 
     def calls(self, nbytes: int) -> dict:
-        from mpi4py import MPI
+        """One function per implementation, each call on the next slice of its pool.
 
+        The slices are cut beforehand, so no call pays for making one (a torch slice costs more
+        than a small all-reduce here) and every implementation is timed on its call alone.
+        """
         count = nbytes // 4
         slots = self.n // count
         out = {}
         for name, buf in self.bufs.items():
-            state = {"i": 0}
-
-            def nxt(state=state):
-                i = state["i"]
-                state["i"] = (i + 1) % slots
-                return i * count
-
-            if name == "shared" or name == "seam":
-                out[name] = lambda b=buf, nxt=nxt: self.comm.allreduce(b[(o := nxt()) : o + count])
-            elif name == "raw":
-                out[name] = lambda b=buf, nxt=nxt: self.comm.comm.Allreduce(MPI.IN_PLACE, b[(o := nxt()) : o + count])
-            elif name == "gloo":
-                out[name] = lambda b=buf, nxt=nxt: self.peer.allreduce(b[(o := nxt()) : o + count])
-            else:
-                src, dst = buf
-                out[name] = lambda s=src, d=dst, nxt=nxt: np.copyto(d[(o := nxt()) : o + count], s[o : o + count])
+            pools = buf if name == "memcpy" else (buf,)
+            out[name] = self._call(name, [[p[i * count : (i + 1) * count] for i in range(slots)] for p in pools])
         if "memcpy" in self.impls and self.comm.rank != 0:
             out["memcpy"] = lambda: None  # the other ranks wait at the next block's barrier
         return out
+
+    def _call(self, name: str, slices: list[list]):
+        from mpi4py import MPI
+
+        turn = itertools.cycle(range(len(slices[0])))
+        first = slices[0]
+        if name in ("shared", "seam"):
+            return lambda: self.comm.allreduce(first[next(turn)])
+        if name == "raw":
+            return lambda: self.comm.comm.Allreduce(MPI.IN_PLACE, first[next(turn)])
+        if name == "gloo":
+            return lambda: self.peer.allreduce(first[next(turn)])
+        dst = slices[1]
+
+        def memcpy():
+            i = next(turn)
+            np.copyto(dst[i], first[i])
+
+        return memcpy
 
 
 def run(comm, impls, min_bytes: int, max_bytes: int, pool_bytes: int, rounds: int, iters=None) -> list[dict]:

@@ -23,7 +23,7 @@ from mpi4py import MPI
 from mpi_sgd import gradsync
 from mpi_sgd.comm import CollectiveMismatchError, CommError
 from mpi_sgd.comm.mpi import MPIComm
-from mpi_sgd.comm.shm_allreduce import CHUNK_BYTES, STAGE_BYTES
+from mpi_sgd.comm.shm_allreduce import CHUNK_BYTES, MIN_BYTES
 from mpi_sgd.comm.shm_sync import StalledRankError
 from tests.helpers import assert_close, rank_data, tolerance
 from tests.mpi import test_sync_sgd as sgd
@@ -36,21 +36,27 @@ _made: dict = {}
 
 @pytest.fixture(params=list(LAYOUTS))
 def shm(request):
-    """An MPIComm whose node split is the layout's (one per layout, kept for the whole module)."""
+    """An MPIComm whose node split is the layout's (one per layout, kept for the whole module).
+
+    Its shared all-reduce takes every length, small ones included, which by default go to MPI's
+    (see test_small_buffers_take_mpis_allreduce): the algorithm must be right at any length.
+    """
     if request.param not in _made:
-        _made[request.param] = MPIComm(MPI.COMM_WORLD.Dup(), node_size=LAYOUTS[request.param])
+        comm = _made[request.param] = MPIComm(MPI.COMM_WORLD.Dup(), node_size=LAYOUTS[request.param])
+        comm.alloc_shared(1)
+        comm._shm.min_bytes = 0
     return _made[request.param]
 
 
 def lengths(size: int, dtype: str) -> list[int]:
     item = np.dtype(dtype).itemsize
-    stage, chunk = STAGE_BYTES // item, CHUNK_BYTES // item
-    # below R (empty slices), cache-line edges, primes, the small/large switch, chunk edges, several chunks
-    return sorted({1, max(1, size - 1), 15, 16, 17, 1009, stage, stage + 1, chunk - 1, chunk + 1, 3 * chunk + 7})
+    chunk = CHUNK_BYTES // item
+    # below R (empty slices), cache-line edges, primes, chunk edges, several chunks
+    return sorted({1, max(1, size - 1), 15, 16, 17, 1009, chunk - 1, chunk, chunk + 1, 3 * chunk + 7})
 
 
 def in_window(comm, buf) -> bool:
-    return comm._shm is not None and comm._shm.find(buf) is not None
+    return comm._shm is not None and comm._shm.mem.find(buf) is not None
 
 
 def took_shared_path(comm, before: int) -> bool:
@@ -111,6 +117,17 @@ def test_a_slice_of_a_shared_buffer_and_plain_buffers(shm):
     shm.allreduce(plain)  # an ordinary tensor: MPI's all-reduce, as always
     assert shm._shm.seq == before
     assert_close(plain, "sum", shm.size, 1001, "float64")
+
+
+def test_small_buffers_take_mpis_allreduce():
+    comm = MPIComm(MPI.COMM_WORLD.Dup())  # the default threshold
+    for n, shared in ((MIN_BYTES // 8 - 1, False), (MIN_BYTES // 8, True)):
+        x = comm.alloc_shared(n, torch.float64)
+        x.copy_(torch.from_numpy(rank_data(comm.rank, n, "float64")))
+        before = comm._shm.seq
+        comm.allreduce(x, "avg")
+        assert (comm._shm.seq > before) == (shared and comm.size > 1)
+        assert_close(x, "avg", comm.size, n, "float64")
 
 
 def test_hierarchical_equals_flat_mpi(shm):
@@ -185,9 +202,10 @@ def test_no_named_shared_memory_files(shm):
 @pytest.mark.mpi(min_size=2)
 def test_different_buffers_on_different_ranks_detected():
     comm = MPIComm(MPI.COMM_WORLD.Dup())
-    x = comm.alloc_shared(100, torch.float64)
+    n = MIN_BYTES // 8
+    x = comm.alloc_shared(n + comm.size, torch.float64)
     with pytest.raises(CollectiveMismatchError, match="different shared buffers"):
-        comm.allreduce(x[comm.rank : comm.rank + 10])  # same shape, different place: MPI would not notice
+        comm.allreduce(x[comm.rank : comm.rank + n])  # same shape, different place: MPI would not notice
     with pytest.raises(CommError, match="earlier shared-memory all-reduce"):
         comm.allreduce(x)
 
@@ -204,7 +222,7 @@ def test_a_missing_rank_is_named_after_the_timeout():
     comm = MPIComm(MPI.COMM_WORLD.Dup())
     comm.alloc_shared(1)  # sets the windows up (collective)
     comm._shm.sync.timeout = 0.5
-    x = comm.alloc_shared(1000, torch.float64)
+    x = comm.alloc_shared(MIN_BYTES // 8, torch.float64)
     late, named = comm.size - 1, None
     if comm.rank != late:  # the last rank never joins
         start = time.monotonic()
