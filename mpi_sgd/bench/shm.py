@@ -28,9 +28,9 @@ import numpy as np
 
 from ..args import nbytes, positive_int
 from ..comm.buffers import zeros
+from ..report import add_output_arguments, human_bytes, markdown_table, new_figure, save_results
+from ..timing import time_interleaved
 from .allreduce import sizes
-from .report import add_output_arguments, human_bytes, markdown_table, new_figure, save_results
-from .timing import time_interleaved
 
 IMPLS = ("shared", "raw", "seam", "gloo", "memcpy")
 LARGE = 64 << 10  # from here up the shared all-reduce must beat MPI's by the target factor

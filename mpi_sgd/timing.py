@@ -17,7 +17,11 @@ import statistics
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from ..comm import Communicator
+from .comm import Communicator
+
+# Steps or calls left out of every timing summary (the trainer's, calibration's, bench sgd's):
+# the first ones pay for allocation, page faults and connection set-up.
+WARMUP_STEPS = 5
 
 # OSU defaults (osu_util.h): 1000 iterations and 100 warm-up below 8 KiB, 100 and 10 above.
 OSU_LARGE_MESSAGE = 8192
