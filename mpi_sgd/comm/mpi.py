@@ -110,7 +110,9 @@ class MPIComm(Communicator):
     # -- node-shared buffers: the all-reduce of comm/shm_allreduce.py ----------------------
     def _init_shared(self, node_size: int | None) -> None:
         from .shm import node_size_override
+        from .shm_sync import timeout_setting
 
+        timeout_setting()  # a bad MPI_SGD_SHM_TIMEOUT fails here, on every rank, not at the first bucket
         # The windows are made at the first alloc_shared; whether any node has two ranks to share
         # with is known now, and must be the same answer on every rank.
         self._shm, self._node_size = None, node_size_override(node_size)

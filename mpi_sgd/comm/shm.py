@@ -24,6 +24,7 @@ pretend nodes of k consecutive ranks, so the multi-node (hierarchical) path runs
 from __future__ import annotations
 
 import bisect
+import operator
 import os
 import weakref
 
@@ -124,6 +125,7 @@ class NodeMemory:
         if self.node is not real:
             real.Free()
         self.rank, self.size = self.node.Get_rank(), self.node.Get_size()
+        self.comm = comm
         self.world_ranks = self.node.allgather(comm.Get_rank())
         self.multi_node = self.size < comm.Get_size()  # the same answer on every rank
         self.leaders: MPI.Comm | None = None
@@ -141,15 +143,24 @@ class NodeMemory:
         self._dead_ids: set[int] = set()  # segments no tensor on this rank uses any more
 
     def alloc(self, n: int, dtype=None) -> torch.Tensor:
-        """A zeroed tensor of ``n`` elements in a new window. Collective over the node, same n and dtype."""
+        """A zeroed tensor of ``n`` elements in a new window. Collective over comm, same n and dtype."""
         dtype = torch.float32 if dtype is None else dtype
         try:
             np_dtype = torch.empty(0, dtype=dtype).numpy().dtype
         except (TypeError, RuntimeError):
             raise CommError(f"dtype {dtype} has no numpy equivalent; shared buffers need one") from None
-        everyone = self.node.allgather((int(n), np_dtype.str, sorted(self._dead_ids)))
+        try:
+            n = operator.index(n)  # numpy integers too
+        except TypeError:
+            pass  # judged below, on every rank
+        # Exchanged over all of comm before judging, so that a bad or mismatched call fails on every
+        # rank alike (nodes with buffers of different sizes would hand their leaders' MPI all-reduce
+        # different lengths). Windows are freed by the ids every rank dropped: the same on every node.
+        everyone = self.comm.allgather((n, np_dtype.str, sorted(self._dead_ids)))
+        lines = "\n".join(f"  rank {r}: n={e[0]!r}, dtype={e[1]}" for r, e in enumerate(everyone))
+        if any(type(e[0]) is not int or e[0] < 0 for e in everyone):
+            raise CommError(f"alloc_shared needs a whole number of elements, 0 or more:\n{lines}")
         if any(e[:2] != everyone[0][:2] for e in everyone):
-            lines = "\n".join(f"  rank {self.world_ranks[q]}: n={e[0]}, dtype={e[1]}" for q, e in enumerate(everyone))
             raise CollectiveMismatchError(f"ranks called alloc_shared with different sizes or dtypes:\n{lines}")
         # Free the windows no rank uses any more: every rank frees the same ones, in the same order.
         for wid in sorted(set.intersection(*(set(e[2]) for e in everyone))):

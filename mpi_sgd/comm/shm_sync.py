@@ -52,6 +52,21 @@ class StalledRankError(RuntimeError):
         self.ranks = ranks
 
 
+def timeout_setting(timeout: float | None = None) -> float:
+    """``timeout`` if given, else ``MPI_SGD_SHM_TIMEOUT`` if set, else the default: seconds, above 0."""
+    text = os.environ.get("MPI_SGD_SHM_TIMEOUT", "").strip()
+    if timeout is None and text:
+        try:
+            timeout = float(text)
+        except ValueError:
+            raise ValueError(f"MPI_SGD_SHM_TIMEOUT must be a number of seconds, got {text!r}") from None
+    if timeout is None:
+        return DEFAULT_TIMEOUT
+    if not timeout > 0:  # NaN too
+        raise ValueError(f"the shared-memory wait timeout must be above 0 seconds, got {timeout}")
+    return timeout
+
+
 def _pid_namespace() -> str | None:
     try:
         return os.readlink("/proc/self/ns/pid")
@@ -81,8 +96,7 @@ class NodeSync:
     """
 
     def __init__(self, node: MPI.Comm, world_ranks: list[int], timeout: float | None = None, host_ranks: int = 1):
-        env = os.environ.get("MPI_SGD_SHM_TIMEOUT", "").strip()
-        self.timeout = timeout if timeout is not None else float(env) if env else DEFAULT_TIMEOUT
+        self.timeout = timeout_setting(timeout)
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
         self.spin_polls = SPIN_POLLS[0] if max(host_ranks, node.Get_size()) > cores else SPIN_POLLS[1]
         self.rank, self.world_ranks = node.Get_rank(), world_ranks

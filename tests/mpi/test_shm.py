@@ -176,11 +176,36 @@ def test_gradsync_puts_flat_and_bucketed_gradients_in_the_window(shm):
 
 
 @pytest.mark.parametrize("strategy", ["flat", "bucketed"])
-def test_trainer_equals_one_process_with_shared_buckets(shm, strategy):
-    """tests/mpi/test_sync_sgd.py's equivalence (same tolerance, 1e-12 in float64), on this layout."""
+def test_a_parameter_without_a_gradient_takes_part_as_zeros(shm, strategy):
+    # A layer unused this step gets no gradient and its hook never runs; its slot in the shared
+    # bucket must still be reduced (as zeros), or the ranks would reduce stale or different data.
+    torch.manual_seed(0)
+    used, unused = torch.nn.Linear(20, 3).double(), torch.nn.Linear(20, 3).double()
+    sync = gradsync.make(strategy, torch.nn.ModuleList([used, unused]), shm, bucket_mb=0.0002)
+    assert all(in_window(shm, b.buffer) == shm.node_shared for b in sync.buckets)
+    x = torch.from_numpy(rank_data(shm.rank, 40, "float64")).view(2, 20)
+    for layers in ([used, unused], [used]):  # a step that uses both leaves gradients in both slots
+        sync.zero_grad()
+        with sync.accumulate():
+            (sum(layer(x).sum() for layer in layers) * sync.loss_scale).backward()
+        sync.wait()
+    # d/dW of sum(Wx + b) is every output row's sum of x over the batch; averaged over the ranks.
+    # Float64, a few dozen terms of size ~1: rounding stays below 1e-13, a wrong slot is off by ~1.
+    xs = np.stack([rank_data(r, 40, "float64").reshape(2, 20).sum(0) for r in range(shm.size)]).mean(0)
+    np.testing.assert_allclose(used.weight.grad.numpy(), np.tile(xs, (3, 1)), rtol=0, atol=1e-12)
+    np.testing.assert_allclose(used.bias.grad.numpy(), np.full(3, 2.0), rtol=0, atol=1e-12)
+    assert not unused.weight.grad.any() and not unused.bias.grad.any()
+    assert all(in_window(shm, p.grad.view(-1)) == shm.node_shared for p in sync.params)
+
+
+@pytest.mark.parametrize("grad_accum", [1, 4])
+@pytest.mark.parametrize("strategy", ["flat", "bucketed"])
+def test_trainer_equals_one_process_with_shared_buckets(shm, strategy, grad_accum):
+    """tests/mpi/test_sync_sgd.py's equivalence (same tolerance, 1e-12 in float64), on this layout;
+    with 4 micro-batches the later ones accumulate into the slot the first one's gradient landed in."""
     if not shm.node_shared and shm.size > 1:
         pytest.skip("no rank shares a node here: ordinary buckets, as tests/mpi/test_sync_sgd.py runs them")
-    cfg = sgd.config(strategy=strategy)
+    cfg = sgd.config(strategy=strategy, grad_accum=grad_accum)
     ds = sgd.regression_set(shm)
     trainer = sgd.distributed(shm, cfg, ds)
     assert all(in_window(shm, b.buffer) == shm.node_shared for b in trainer.sync.buckets)
@@ -215,6 +240,14 @@ def test_different_sizes_in_alloc_shared_detected():
     comm = MPIComm(MPI.COMM_WORLD.Dup())
     with pytest.raises(CollectiveMismatchError, match="alloc_shared with different sizes"):
         comm.alloc_shared(10 + comm.rank)
+
+
+def test_a_bad_size_in_alloc_shared_fails_on_every_rank(shm):
+    # Only the last rank asks for a negative size; every rank must refuse, none may wait or map garbage.
+    n = -1 if shm.rank == shm.size - 1 else 10
+    with pytest.raises(CommError, match="whole number of elements"):
+        shm.alloc_shared(n)
+    assert shm.alloc_shared(np.int64(3)).tolist() == [0.0] * 3  # numpy integers are whole numbers too
 
 
 @pytest.mark.mpi(min_size=2)

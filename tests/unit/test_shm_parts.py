@@ -7,6 +7,7 @@ import pytest
 from mpi_sgd.bench import shm as bench_shm
 from mpi_sgd.comm.shm import node_size_override
 from mpi_sgd.comm.shm_allreduce import LINE, slice_bounds
+from mpi_sgd.comm.shm_sync import DEFAULT_TIMEOUT, timeout_setting
 
 
 @pytest.mark.parametrize("itemsize", [4, 8])
@@ -32,6 +33,20 @@ def test_node_size_override(monkeypatch):
         node_size_override()
     with pytest.raises(ValueError, match="at least 1"):
         node_size_override(0)
+
+
+def test_timeout_setting(monkeypatch):
+    monkeypatch.delenv("MPI_SGD_SHM_TIMEOUT", raising=False)
+    assert timeout_setting() == DEFAULT_TIMEOUT and timeout_setting(0.5) == 0.5
+    monkeypatch.setenv("MPI_SGD_SHM_TIMEOUT", "20")
+    assert timeout_setting() == 20.0 and timeout_setting(3) == 3  # the argument wins
+    monkeypatch.setenv("MPI_SGD_SHM_TIMEOUT", "soon")
+    with pytest.raises(ValueError, match="number of seconds, got 'soon'"):
+        timeout_setting()
+    for bad in ("0", "-1", "nan"):
+        monkeypatch.setenv("MPI_SGD_SHM_TIMEOUT", bad)
+        with pytest.raises(ValueError, match="above 0 seconds"):
+            timeout_setting()
 
 
 def _row(nbytes, shared, raw, memcpy):
