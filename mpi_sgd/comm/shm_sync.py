@@ -11,12 +11,15 @@ CPU); a reader loads the counter, calls ``Win_sync`` and then loads the data. Th
 up like release and acquire: a rank that sees the counter also sees the data written before it.
 On x86 the hardware keeps those orders anyway; on Arm or POWER the barriers are what make it right.
 
-**Every wait is bounded.** A waiting rank spins, then yields its core on every poll. How long it
-spins first depends on whether the job's ranks outnumber the host's cores: if not, the awaited
-rank is running on a core of its own and a yield would only hand this one to another program
-(MPICH's own waits spin too), so it spins for a few thousand polls; if they do, the awaited rank
-may need this very core, so it yields after a few dozen. It checks every 10 ms that the ranks it
-waits for still exist (pids exchanged at start-up; a few microseconds), and gives up after
+**Every wait is bounded.** A waiting rank spins, then yields its core on every poll. If the job's
+ranks outnumber the host's cores, the awaited rank may need this very core, so it yields after
+a few polls. If not, it spins for up to :data:`SPIN_SECONDS` first: the awaited rank most likely
+runs on another core and is nearly there, and a yield could hand this core to another program
+for a whole scheduler slice. Not longer: on a host shared with other work the awaited rank may
+be waiting for this very core all the same, and then every wait costs the whole spin (a spin of
+a few thousand polls made the all-reduce several times slower on a loaded host than yielding at
+once). It checks every 10 ms that the ranks it waits for still exist (pids exchanged at
+start-up; a few microseconds), and gives up after
 ``timeout`` seconds (``MPI_SGD_SHM_TIMEOUT``, default 300). Either way it raises
 :class:`StalledRankError` naming them. Launchers that end the job themselves when a process dies
 (hydra's default) often get there first; under those that do not (``mpiexec -disable-auto-cleanup``,
@@ -40,7 +43,8 @@ ARRIVED, REDUCED, READY, COPIED = range(4)
 DESC_BASE, DESC_WORDS = 8, 4
 SLOTS = (CONTROL_WORDS - DESC_BASE) // DESC_WORDS  # calls in flight at most
 LIVENESS_EVERY = 0.01  # seconds between checks that awaited ranks still exist
-SPIN_POLLS = 64, 4096  # polls before a waiting rank yields its core: ranks outnumber cores, or not
+CLOCK_EVERY = 16  # polls between clock readings
+SPIN_SECONDS = 50e-6  # how long a waiting rank spins before it yields, when ranks do not outnumber cores
 DEFAULT_TIMEOUT = 300.0
 
 
@@ -98,7 +102,7 @@ class NodeSync:
     def __init__(self, node: MPI.Comm, world_ranks: list[int], timeout: float | None = None, host_ranks: int = 1):
         self.timeout = timeout_setting(timeout)
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-        self.spin_polls = SPIN_POLLS[0] if max(host_ranks, node.Get_size()) > cores else SPIN_POLLS[1]
+        self.spin_seconds = 0.0 if max(host_ranks, node.Get_size()) > cores else SPIN_SECONDS
         self.rank, self.world_ranks = node.Get_rank(), world_ranks
         me = (os.getpid(), _pid_namespace())
         # A pid means something only inside our own pid namespace; elsewhere the timeout has to do.
@@ -125,15 +129,13 @@ class NodeSync:
     def spin(self, missing, what: str) -> None:
         """Poll ``missing()`` (world ranks still awaited) until empty; raise after a death or the timeout."""
         start = time.monotonic()
-        next_check, polls = start + LIVENESS_EVERY, 0
+        next_check, polls, spinning = start + LIVENESS_EVERY, 0, True
         while True:
             behind = missing()
             if not behind:
                 return
             polls += 1
-            if polls < self.spin_polls:  # most likely running on another core and nearly there
-                continue
-            if polls % 16 == 0:
+            if polls % CLOCK_EVERY == 0:  # the clock is read once every few polls
                 now = time.monotonic()
                 if now >= next_check:
                     self._check_alive(behind, what)
@@ -147,7 +149,9 @@ class NodeSync:
                     )
                 if now - start > 0.05:
                     time.sleep(2e-4)  # a long wait (a peer still in its forward pass): stop burning the core
-            os.sched_yield()
+                spinning = now - start < self.spin_seconds
+            if not spinning:
+                os.sched_yield()
 
     def _check_alive(self, ranks, what: str) -> None:
         gone = [r for r in ranks if r in self.pids and _dead(self.pids[r])]
