@@ -50,12 +50,15 @@ def _hydra() -> bool:
 
 
 def test_shm_tests_at_four_ranks():
-    """tests/mpi/test_shm.py at R = 4 (make test covers 1, 2, 3): flat 4, pretend nodes 2 x 2, and 4 alone."""
+    """tests/mpi/test_shm.py at R = 4 (make test covers 1, 2, 3): flat 4 and pretend nodes 2 x 2. Left
+    out, to keep make test short: nodes of one rank each (MPI between every rank, nothing shared:
+    nothing at 4 that 3 does not show) and the trainer (at 1, 2, 3 here; at 4 on the namespace
+    cluster, test_netns_cluster.py, where one runs)."""
     test_file = str(ROOT / "tests" / "mpi" / "test_shm.py")
-    out = run_mpi(4, "-m", "mpi4py", "-m", "pytest", "--with-mpi", "-x", "-q", "-p", "no:cacheprovider", test_file,
-                  env=ENV, timeout=240)  # fmt: skip
+    out = run_mpi(4, "-m", "mpi4py", "-m", "pytest", "--with-mpi", "-x", "-q", "-p", "no:cacheprovider",
+                  "-k", "not alone and not trainer", test_file, env=ENV, timeout=240)  # fmt: skip
     ran = [int(n) for n in re.findall(r"(\d+) passed", out.stdout)]
-    assert len(ran) == 4 and min(ran) >= 50, out.stdout[-2000:]
+    assert len(ran) == 4 and min(ran) >= 35, out.stdout[-2000:]
 
 
 @pytest.mark.parametrize("cleanup", ["launcher", "survivors"])
