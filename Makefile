@@ -179,6 +179,12 @@ bench-async: venv
 bench-zero: venv
 	$(MPIEXEC) -n $(NP) $(BIN)/mpi-sgd bench zero
 
+# The shared-memory all-reduce against MPI's, the seam, gloo and a memcpy; then the step with shared buckets.
+.PHONY: bench-shm
+bench-shm: venv
+	$(MPIEXEC) -n $(NP) $(BIN)/mpi-sgd bench shm
+	$(MPIEXEC) -n $(NP) $(BIN)/mpi-sgd bench sgd --variants local,flat,bucketed,bucketed-mpi
+
 lint: venv
 	$(BIN)/ruff check mpi_sgd examples tests
 	$(BIN)/ruff format --check mpi_sgd examples tests

@@ -19,6 +19,13 @@ Each strategy below leaves exactly that ``g`` in every ``param.grad``:
    2020). Small tensors share a flat bucket buffer (their ``.grad`` are views of it); a tensor
    alone in its bucket is reduced where autograd put its gradient.
 
+Where the buckets live. When the communicator can share memory between the ranks of a node
+(``comm.node_shared``: the mpi4py backend with two or more ranks on a host), flat and bucketed
+gradients are allocated through ``comm.alloc_shared``, so the all-reduce reads and writes the other
+ranks' buckets directly (:mod:`mpi_sgd.comm.shm_allreduce`) instead of copying through MPI. Then
+every parameter's gradient is a view into a shared bucket, large ones included; ``shared=False``
+keeps today's ordinary buffers.
+
 Use: ``sync.zero_grad()``; for each micro-batch ``with sync.accumulate(last=...):
 (loss * sync.loss_scale).backward()``; then ``sync.wait()`` before ``optimizer.step()``.
 ``seconds`` accumulates the time spent blocked in communication (the T_sync of the speedup model).
@@ -117,26 +124,49 @@ class NaiveAllReduce(GradSync):
 class _Bucket:
     """Parameters whose gradients are all-reduced together, in ``buffer``.
 
-    A *solo* bucket holds a single tensor (one too large to share a bucket, usually). It needs no
-    shared buffer: its buffer is the gradient tensor autograd produced, reduced in place. A view
-    into a shared buffer would cost a zeroing pass and an accumulating add per step instead of
-    autograd simply handing its fresh tensor over: two passes over the gradient's memory per step.
+    A *solo* bucket holds a single tensor (one too large to share a bucket, usually). In ordinary
+    memory it needs no buffer of its own: its buffer is the gradient tensor autograd produced,
+    reduced in place. A view into a bucket would cost a zeroing pass and an accumulating add per
+    step instead of autograd simply handing its fresh tensor over.
+
+    A *shared* bucket (node-shared memory, ``views`` set) holds every tensor, solo or not, since
+    its all-reduce is much cheaper than MPI's. There autograd still hands its fresh gradient over,
+    and :meth:`land` copies it into the bucket from the parameter's hook while it is in cache: one
+    copy instead of a zeroing pass, a read of the fresh gradient and a read-modify-write of the
+    bucket.
     """
 
-    __slots__ = ("buffer", "params", "solo", "name", "pending", "request", "started", "finished")
+    __slots__ = ("buffer", "params", "solo", "name", "pending", "request", "started", "finished", "views")
 
-    def __init__(self, buffer: torch.Tensor | None, params: list[nn.Parameter], name: str):
+    def __init__(self, buffer: torch.Tensor | None, params: list[nn.Parameter], name: str, views=None):
         self.buffer, self.params, self.solo, self.name = buffer, params, buffer is None, name
         self.pending, self.request, self.started, self.finished = len(params), None, 0.0, None
+        self.views = views  # shared buckets: {id(param): its slot in buffer}
 
     def zero_grad(self) -> None:
-        if self.solo:
+        if self.views is not None:
+            for p in self.params:
+                p.grad = None
+        elif self.solo:
             self.params[0].grad = self.buffer = None
         else:
             self.buffer.zero_()
 
+    def land(self, p: nn.Parameter) -> None:
+        """Shared buckets: move ``p``'s gradient into its slot (zeros if it got none) and point ``.grad`` there."""
+        view = self.views[id(p)]
+        if p.grad is not view:
+            if p.grad is None:
+                view.zero_()
+            else:
+                view.copy_(p.grad)
+            p.grad = view  # later micro-batches accumulate into the slot in place
+
     def ensure_buffer(self) -> torch.Tensor:
-        if self.buffer is None:  # a solo parameter with no gradient yet (unused this step)
+        if self.views is not None:  # gradients whose hook did not run (unused this step) land now
+            for p in self.params:
+                self.land(p)
+        elif self.buffer is None:  # a solo parameter with no gradient yet (unused this step)
             p = self.params[0]
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
@@ -144,11 +174,24 @@ class _Bucket:
         return self.buffer
 
 
-def _make_buckets(params: list[nn.Parameter], bucket_bytes: float) -> list[_Bucket]:
+def _shared_alloc(comm, params: list[nn.Parameter], shared: bool | None):
+    """``comm.alloc_shared`` if the buckets should live in node-shared memory, else None.
+
+    The answer must be the same on every rank (bucket layouts must match): ``comm.node_shared`` is,
+    and so are the model's devices and dtypes.
+    """
+    if shared is False or (shared is None and not comm.node_shared):
+        return None
+    if all(p.device.type == "cpu" and p.dtype in (torch.float32, torch.float64) for p in params):
+        return comm.alloc_shared
+    return None
+
+
+def _make_buckets(params: list[nn.Parameter], bucket_bytes: float, alloc=None) -> list[_Bucket]:
     """Group ``params`` (in the given order) into buckets of about ``bucket_bytes`` each. In a shared
-    bucket every ``param.grad`` becomes a view into the bucket's buffer; a tensor alone in its
-    bucket is a solo bucket (see :class:`_Bucket`). A dtype change starts a new bucket,
-    since one buffer holds one dtype."""
+    bucket every ``param.grad`` becomes a view into the bucket's buffer; without ``alloc`` (node-shared
+    memory, see :func:`_shared_alloc`) a tensor alone in its bucket is a solo bucket (see
+    :class:`_Bucket`). A dtype change starts a new bucket, since one buffer holds one dtype."""
     groups: list[list[nn.Parameter]] = []
     size = 0.0
     for p in params:
@@ -160,31 +203,37 @@ def _make_buckets(params: list[nn.Parameter], bucket_bytes: float) -> list[_Buck
         size += nbytes
     buckets = []
     for group in groups:
-        if len(group) == 1:
+        if len(group) == 1 and alloc is None:
             buckets.append(_Bucket(None, group, f"allreduce[{len(buckets)}]"))
             continue
-        buffer = comm_zeros(sum(p.numel() for p in group), group[0].dtype, group[0].device)
-        offset = 0
+        numel = sum(p.numel() for p in group)
+        buffer = alloc(numel, group[0].dtype) if alloc else comm_zeros(numel, group[0].dtype, group[0].device)
+        offset, views = 0, {}
         for p in group:
-            view = buffer[offset : offset + p.numel()].view_as(p)
+            view = views[id(p)] = buffer[offset : offset + p.numel()].view_as(p)
             if p.grad is not None:
                 view.copy_(p.grad)
             # Autograd accumulates into an existing .grad in place, so gradients land in the
             # bucket directly. This holds only while nobody sets .grad to None: the trainer zeroes
             # through zero_grad() below, never optimizer.zero_grad() (which frees the views).
+            # Shared buckets set it to None on purpose and land each gradient from its hook.
             p.grad = view
             offset += p.numel()
-        buckets.append(_Bucket(buffer, group, f"allreduce[{len(buckets)}]"))
+        buckets.append(_Bucket(buffer, group, f"allreduce[{len(buckets)}]", views if alloc else None))
     return buckets
 
 
 class FlatAllReduce(GradSync):
     """All gradients in one flat buffer; one all-reduce after backward."""
 
-    def __init__(self, model, comm, events=None):
+    def __init__(self, model, comm, events=None, shared: bool | None = None):
         super().__init__(model, comm, events)
-        self.buckets = _make_buckets(self.params, float("inf"))
+        self.buckets = _make_buckets(self.params, float("inf"), _shared_alloc(comm, self.params, shared))
         self.loss_scale = 1.0 / comm.size  # the ranks' sum is then the average
+        for b in self.buckets:
+            if b.views is not None:
+                for p in b.params:
+                    p.register_post_accumulate_grad_hook(b.land)
 
     def zero_grad(self) -> None:
         for b in self.buckets:
@@ -193,7 +242,7 @@ class FlatAllReduce(GradSync):
     def wait(self) -> None:
         t0 = time.perf_counter()
         for b in self.buckets:  # one unless the model mixes dtypes
-            self.comm.allreduce(b.buffer, "sum")
+            self.comm.allreduce(b.ensure_buffer(), "sum")
         t1 = time.perf_counter()
         self.seconds += t1 - t0
         self.record("allreduce", t0, t1)
@@ -212,12 +261,14 @@ class BucketedAllReduce(FlatAllReduce):
     them on while backward continues. The alternative, ``MPIR_CVAR_ASYNC_PROGRESS=1`` (an MPICH
     progress thread), makes the overlap real between hooks too but burns a core per rank spinning,
     which costs more than it gains when ranks share few cores; it needs ``MPI_THREAD_MULTIPLE``.
-    torch.distributed backends (gloo, nccl) progress on their own threads either way.
+    torch.distributed backends (gloo, nccl) progress on their own threads either way. Shared-memory
+    buckets progress the same way, by these polls (see :mod:`mpi_sgd.comm.shm_allreduce`).
     """
 
-    def __init__(self, model, comm, bucket_mb: float = 1.0, events=None):
+    def __init__(self, model, comm, bucket_mb: float = 1.0, events=None, shared: bool | None = None):
         GradSync.__init__(self, model, comm, events)
-        self.buckets = _make_buckets(self.params[::-1], bucket_mb * 2**20)
+        alloc = _shared_alloc(comm, self.params, shared)
+        self.buckets = _make_buckets(self.params[::-1], bucket_mb * 2**20, alloc)
         self.loss_scale = 1.0 / comm.size
         self._next = 0  # the next bucket to start
         self._in_flight: list[_Bucket] = []
@@ -226,7 +277,9 @@ class BucketedAllReduce(FlatAllReduce):
             p.register_post_accumulate_grad_hook(self._make_hook(bucket_of[id(p)]))
 
     def _make_hook(self, bucket: _Bucket):
-        def hook(_param):
+        def hook(param):
+            if bucket.views is not None:
+                bucket.land(param)
             if not self._last:
                 return  # a non-final micro-batch: keep accumulating locally
             t0 = time.perf_counter()
@@ -266,9 +319,13 @@ class BucketedAllReduce(FlatAllReduce):
 
 
 def make(strategy: str, model: nn.Module, comm, bucket_mb: float = 1.0, events: list | None = None,
-         compress: str = "none") -> GradSync:  # fmt: skip
-    """The strategy named ``strategy`` (one of :data:`STRATEGIES`) for ``model`` on ``comm``;
-    ``compress`` ``fp16``/``bf16`` carries its all-reduces in 16 bits (:mod:`mpi_sgd.comm.compress`)."""
+         compress: str = "none", shared: bool | None = None) -> GradSync:  # fmt: skip
+    """The strategy named ``strategy`` (one of :data:`STRATEGIES`) for ``model`` on ``comm``.
+
+    ``compress`` ``fp16``/``bf16`` carries its all-reduces in 16 bits (:mod:`mpi_sgd.comm.compress`).
+    ``shared``: flat and bucketed buckets in node-shared memory when the communicator offers it
+    (None, the default), or never (False).
+    """
     if compress != "none":
         from .comm.compress import DTYPES, CompressedComm
 
@@ -276,7 +333,7 @@ def make(strategy: str, model: nn.Module, comm, bucket_mb: float = 1.0, events: 
     if strategy == "naive":
         return NaiveAllReduce(model, comm, events)
     if strategy == "flat":
-        return FlatAllReduce(model, comm, events)
+        return FlatAllReduce(model, comm, events, shared)
     if strategy == "bucketed":
-        return BucketedAllReduce(model, comm, bucket_mb, events)
+        return BucketedAllReduce(model, comm, bucket_mb, events, shared)
     raise ValueError(f"unknown strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}")

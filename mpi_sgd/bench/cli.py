@@ -10,7 +10,7 @@ import argparse
 from ..args import nbytes, positive_int
 from ..comm import TORCH_BACKENDS
 from ..report import add_output_arguments
-from . import asyncsgd, grid, sgd, validate, workers, zero
+from . import asyncsgd, grid, sgd, shm, validate, workers, zero
 from .allreduce import IMPLS
 
 
@@ -77,3 +77,4 @@ def add_parser(subparsers) -> None:
     validate.add_parser(kinds)
     asyncsgd.add_parser(kinds)
     zero.add_parser(kinds)
+    shm.add_parser(kinds)

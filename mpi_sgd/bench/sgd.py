@@ -5,7 +5,10 @@ backward, gradient averaging, momentum update) at per-rank batch B for:
 
 * ``local``    the same step with no communication at all, every rank at once: the floor, since
   the ranks still share the host's cores and memory bandwidth as they do in the runs below;
-* ``naive``, ``flat``, ``bucketed``  the strategies of :mod:`mpi_sgd.gradsync` over mpi4py;
+* ``naive``, ``flat``, ``bucketed``  the strategies of :mod:`mpi_sgd.gradsync` over mpi4py, flat and
+  bucketed with their buckets in node-shared memory when ranks share a host (the shared all-reduce
+  of :mod:`mpi_sgd.comm.shm_allreduce`);
+* ``bucketed-mpi`` bucketed with its buckets in ordinary memory, reduced by MPI's all-reduce;
 * ``ddp-gloo`` ``torch.nn.parallel.DistributedDataParallel`` over gloo, defaults untouched:
   what a user of plain PyTorch would run;
 * ``ddp-mpi4py`` the same DDP over the ``"mpi4py"`` torch backend (:mod:`mpi_sgd.comm.torch_mpi4py`);
@@ -50,7 +53,8 @@ from ..trainer import train_step
 MODELS = ("mlp", "simplenet")  # --model names, built for 784 features and 10 classes
 FEATURES, CLASSES = BENCHMARK_MLP[0], BENCHMARK_MLP[-1]
 DDP_BACKENDS = {"ddp-gloo": "gloo", "ddp-mpi4py": "torch-mpi4py"}  # variant -> the seam's torch backend
-VARIANTS = ("local", *gradsync.STRATEGIES, *DDP_BACKENDS, "comm-only")
+VARIANTS = ("local", *gradsync.STRATEGIES, "bucketed-mpi", *DDP_BACKENDS, "comm-only")
+SHARED_TARGET = 1.10  # a step with shared buckets at most this much slower than one with no communication
 
 
 def _step_fn(model, optimizer, sync, x, y, record, blocked: bool):
@@ -76,7 +80,23 @@ def variants(names, bucket_mbs) -> list[tuple[str, float | None]]:
     """(variant, bucket MB) pairs: 'bucketed' once per bucket size, the others once."""
     out = []
     for v in names:
-        out += [(v, mb) for mb in bucket_mbs] if v == "bucketed" else [(v, None)]
+        out += [(v, mb) for mb in bucket_mbs] if v.startswith("bucketed") else [(v, None)]
+    return out
+
+
+def verdicts(rows, comm) -> list[str]:
+    """The shared-bucket target, per model: the best step with shared buckets (flat or bucketed) within
+    SHARED_TARGET of the local one."""
+    out = []
+    for model in dict.fromkeys(r["model"] for r in rows):
+        mine = {r["variant"]: r["step_s"] for r in rows if r["model"] == model}
+        shared = [v for v in mine if v.split()[0] in ("flat", "bucketed")]
+        if "local" not in mine or not shared or comm.size < 2 or not comm.node_shared:
+            continue
+        best = min(shared, key=mine.get)
+        ratio = mine[best] / mine["local"]
+        ok = "met" if ratio <= SHARED_TARGET else "NOT met"
+        out.append(f"target {model}: step with shared buckets <= {SHARED_TARGET:g}x local: {ok} ({best}: {ratio:.3f}x)")
     return out
 
 
@@ -109,15 +129,17 @@ def bench_model(comm, name: str, args, ddp_groups: dict | None = None, device=No
             grads = zeros(sum(p.numel() for p in model.parameters()), device=device)
             calls[key] = lambda grads=grads: comm.allreduce(grads, "sum")
             continue
-        if variant in gradsync.STRATEGIES:
-            sync = gradsync.make(variant, model, comm, mb if mb is not None else args.bucket_mb[0])
+        strategy = variant.removesuffix("-mpi")  # bucketed-mpi: bucketed in ordinary memory
+        if strategy in gradsync.STRATEGIES:
+            shared = False if variant.endswith("-mpi") else None
+            sync = gradsync.make(strategy, model, comm, mb if mb is not None else args.bucket_mb[0], shared=shared)
         else:  # local, or DDP, which averages inside backward on its own
             if variant in DDP_BACKENDS:
                 model = DistributedDataParallel(model, process_group=ddp_groups[variant])
             sync = gradsync.LocalGradients(model)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
         records[key] = []
-        calls[key] = _step_fn(model, optimizer, sync, x, y, records[key], variant in gradsync.STRATEGIES)
+        calls[key] = _step_fn(model, optimizer, sync, x, y, records[key], strategy in gradsync.STRATEGIES)
     iterations = args.steps_per_round * args.rounds
     gpu = torch.cuda.synchronize if device.type == "cuda" else None  # kernels finish after the call returns
     times = time_interleaved(comm, calls, iterations=iterations, warmup=args.warmup, rounds=args.rounds, sync=gpu)
@@ -239,8 +261,9 @@ def main(comm, args) -> int:
             "gradient communication\n"
         )
         print(table(rows))
-        for line in targets(rows):
-            print(line)
+        lines = verdicts(rows, comm) + targets(rows)
+        if lines:
+            print("\n" + "\n".join(lines))
         payload = {"world_size": comm.size, "batch_size": args.batch_size, "threads": threads,
                    "bucket_mb": args.bucket_mb, "backend": comm.backend, "device": device.type,
                    "rows": rows}  # fmt: skip

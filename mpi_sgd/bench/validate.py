@@ -64,8 +64,9 @@ from ..timing import WARMUP_STEPS
 from .validate_report import TARGETED, TOLERANCE, Row, Spread, assemble, step_seconds, summarize, table, verdicts
 
 BLOBS = 4096  # samples in the blobs dataset
-# MPICH: treat every rank as on another node; UCX (MPICH's default netmod): move bytes over TCP.
-TRANSPORTS = {"tcp": {"MPIR_CVAR_NOLOCAL": "1", "UCX_TLS": "tcp"}, "shm": {}}
+# MPICH: treat every rank as on another node; UCX (MPICH's default netmod): move bytes over TCP;
+# and nodes of one rank for the seam, whose flat buckets would otherwise sit in node-shared memory.
+TRANSPORTS = {"tcp": {"MPIR_CVAR_NOLOCAL": "1", "UCX_TLS": "tcp", "MPI_SGD_SHM_NODE_SIZE": "1"}, "shm": {}}
 
 
 # -- launching the jobs -----------------------------------------------------------------------

@@ -156,6 +156,10 @@ class Communicator(abc.ABC):
     local_size: int
     backend: str
 
+    # Whether alloc_shared gives memory the ranks of a node share (and all-reduce takes a faster
+    # path on it): the same value on every rank. Strategies use it to decide where buckets live.
+    node_shared: bool = False
+
     @property
     def is_root(self) -> bool:
         """Rank 0: the one rank that logs, draws progress bars and writes checkpoints."""
@@ -244,6 +248,17 @@ class Communicator(abc.ABC):
         """Objects from every rank on ``root`` (``None`` elsewhere)."""
         objs = self.allgather_obj(obj)
         return objs if self.rank == root else None
+
+    def alloc_shared(self, n: int, dtype=None):
+        """A zeroed 1-D tensor of ``n`` elements that this communicator all-reduces fastest.
+
+        Collective: every rank calls it with the same ``n`` and ``dtype`` (default float32). The
+        mpi4py backend places it in a window shared by the ranks of a node (see
+        :mod:`mpi_sgd.comm.shm`); this default is an ordinary buffer, so every backend takes it.
+        """
+        from .buffers import zeros
+
+        return zeros(n, dtype)
 
     def wtime(self) -> float:
         """Wall-clock seconds, the clock benchmarks read (``MPI.Wtime`` where MPI is up)."""

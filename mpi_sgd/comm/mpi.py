@@ -84,7 +84,7 @@ class MPIComm(Communicator):
 
     backend = "mpi4py"
 
-    def __init__(self, comm: MPI.Comm | None = None):
+    def __init__(self, comm: MPI.Comm | None = None, node_size: int | None = None):
         self.comm = MPI.COMM_WORLD if comm is None else comm
         self.rank = self.comm.Get_rank()
         self.size = self.comm.Get_size()
@@ -93,6 +93,7 @@ class MPIComm(Communicator):
         node = self.comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
         self.local_rank, self.local_size = node.Get_rank(), node.Get_size()
         node.Free()
+        self._init_shared(node_size)
 
     def wtime(self) -> float:
         return MPI.Wtime()
@@ -122,8 +123,30 @@ class MPIComm(Communicator):
         self.comm.Probe(_wildcard(source, MPI.ANY_SOURCE), _wildcard(tag, MPI.ANY_TAG), status)
         return Status(status.Get_source(), status.Get_tag(), element_count(status.Get_count(MPI.BYTE), dtype))
 
+    # -- node-shared buffers: the all-reduce of comm/shm_allreduce.py ----------------------
+    def _init_shared(self, node_size: int | None) -> None:
+        from .shm import node_size_override
+        from .shm_sync import timeout_setting
+
+        timeout_setting()  # a bad MPI_SGD_SHM_TIMEOUT fails here, on every rank, not at the first bucket
+        # The windows are made at the first alloc_shared; whether any node has two ranks to share
+        # with is known now, and must be the same answer on every rank.
+        self._shm, self._node_size = None, node_size_override(node_size)
+        mine = self.local_size if self._node_size is None else min(self.local_size, self._node_size)
+        self.node_shared = self.comm.allreduce(mine, op=MPI.MAX) > 1
+
+    def alloc_shared(self, n, dtype=None):
+        if self._shm is None:
+            from .shm_allreduce import SharedAllreduce
+
+            self._shm = SharedAllreduce(self.comm, self._node_size)
+        return self._shm.alloc(n, dtype)
+
     # -- collectives ----------------------------------------------------------------------
     def allreduce(self, buf, op="sum"):
+        if self._shm is not None and (found := self._shm.find(buf)) is not None:
+            self._shm.allreduce(found, op)
+            return buf
         if op == "avg":
             check_avg(buf)
             self.comm.Allreduce(MPI.IN_PLACE, _spec(buf), MPI.SUM)
@@ -133,6 +156,8 @@ class MPIComm(Communicator):
         return buf
 
     def iallreduce(self, buf, op="sum"):
+        if self._shm is not None and (found := self._shm.find(buf)) is not None:
+            return self._shm.iallreduce(found, op, keep=buf)
         finish = None
         if op == "avg":
             check_avg(buf)

@@ -60,6 +60,11 @@ class CommWrapper(Communicator):
     def backend(self) -> str:
         return self.inner.backend
 
+    @property
+    def node_shared(self) -> bool:
+        # Read through: the base class's False would otherwise hide the inner backend's answer.
+        return self.inner.node_shared
+
     def __getattr__(self, name: str) -> Any:
         # Called only for names this class lacks: a backend's own attributes (comm, device, group).
         if name == "inner":  # not set yet (during unpickling, say): no recursion
@@ -71,6 +76,9 @@ class CommWrapper(Communicator):
 
     def wtime(self) -> float:
         return self.inner.wtime()
+
+    def alloc_shared(self, n: int, dtype=None):
+        return self.inner.alloc_shared(n, dtype)
 
     # -- point to point -------------------------------------------------------------------
     def send(self, buf, dest: int, tag: int = 0) -> None:

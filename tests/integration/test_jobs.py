@@ -106,11 +106,12 @@ def test_bench_sgd_prints_ddp_bench_columns_and_sweeps_buckets(tmp_path):
     assert (payload["backend"], payload["device"]) == ("torch-mpi4py", "cpu")
     rows = payload["rows"]
     names = [r["variant"] for r in rows]
-    assert names == ["local", "naive", "flat", "bucketed 0.5MB", "bucketed 2MB", "ddp-gloo", "ddp-mpi4py", "comm-only"]
+    assert names == ["local", "naive", "flat", "bucketed 0.5MB", "bucketed 2MB", "bucketed-mpi 0.5MB",
+                     "bucketed-mpi 2MB", "ddp-gloo", "ddp-mpi4py", "comm-only"]  # fmt: skip
     by_name = {r["variant"]: r for r in rows}
     assert by_name["ddp-mpi4py"]["exposed_s"] == by_name["ddp-mpi4py"]["step_s"] - by_name["local"]["step_s"]
     for r in rows:
-        if r["variant"] in ("naive", "flat", "bucketed 0.5MB"):
+        if r["variant"] in ("naive", "flat", "bucketed 0.5MB", "bucketed-mpi 0.5MB"):
             # blocked time is part of the step, never more than all of it
             assert 0 <= r["comm_s"] and 0 <= r["comm_frac"] <= 1 and r["step_std_s"] >= 0
     assert (tmp_path / "sgd-n2.png").stat().st_size > 1000

@@ -114,6 +114,26 @@ def test_hostfiles_place_ranks_as_their_comments_say(cluster, placement, expecte
     assert "".join(hosts[str(r)] for r in range(4)) == expected, out.stdout
 
 
+LAYOUT = [sys.executable, "-c", "from mpi_sgd.comm.mpi import MPIComm; import sys; c = MPIComm(); "
+          "c.alloc_shared(1); m = c._shm.mem; "
+          "sys.stdout.write(f'rank {c.rank}: node of {m.size}, multi-node {m.multi_node}\\n')"]  # fmt: skip
+
+
+def test_shared_memory_all_reduce_is_hierarchical_across_the_hosts(cluster):
+    """tests/mpi/test_shm.py's results on its real layout ("node"; the pretend ones run on one host)
+    with ranks 0, 2 on a and 1, 3 on b: each host's two ranks share memory and the hosts' leaders
+    all-reduce over the link. Every length, op and dtype against the one-process reference, the
+    result against MPI's own all-reduce, and the trainer against one process at batch R*B."""
+    out = on_a(cluster, [MPIEXEC, "-n", "4", "-hosts", "a,b", *LAYOUT], timeout=60)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert sorted(out.stdout.splitlines()) == [f"rank {r}: node of 2, multi-node True" for r in range(4)]
+    tests = [sys.executable, "-m", "mpi4py", "-m", "pytest", "--with-mpi", "-x", "-q", "-p", "no:cacheprovider"]
+    tests += ["-k", "node and (every_length or hierarchical_equals or trainer_equals)", "tests/mpi/test_shm.py"]
+    out = on_a(cluster, [MPIEXEC, "-n", "4", "-hosts", "a,b", *tests], timeout=240)
+    ran = [int(n) for n in re.findall(r"(\d+) passed", out.stdout)]
+    assert out.returncode == 0 and ran == [9] * 4, out.stdout[-3000:] + out.stderr[-3000:]
+
+
 def test_doctor_passes_then_names_the_host_whose_sshd_is_down(cluster):
     doctor = [sys.executable, "-m", "mpi_sgd.cli", "doctor", "-hosts", "a,b"]
     ok = on_a(cluster, doctor, timeout=30)

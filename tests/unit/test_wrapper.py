@@ -53,7 +53,7 @@ def test_every_seam_method_is_delegated_explicitly():
     # class's version (or an abstract one) would run instead of the wrapped communicator's.
     missing = [name for name in SEAM if name not in vars(CommWrapper)]
     assert not missing, f"CommWrapper does not delegate {missing}"
-    for attr in ("rank", "size", "local_rank", "local_size", "backend"):
+    for attr in ("rank", "size", "local_rank", "local_size", "backend", "node_shared"):
         assert isinstance(vars(CommWrapper)[attr], property)
 
 
@@ -79,11 +79,12 @@ def every_call(comm) -> list[tuple]:
     comm.barrier()
     assert comm.bcast_obj("o", 0) == "o" and comm.allgather_obj(1) == [1] and comm.gather_obj(2, 0) == [2]
     assert comm.wtime() > 0
+    assert comm.alloc_shared(4, torch.float64).tolist() == [0.0] * 4 and comm.node_shared is False
     with pytest.raises(SystemExit):
         comm.abort(3)
     names = ["send", "iprobe", "probe", "recv", "irecv", "isend", "allreduce", "iallreduce", "broadcast",
              "reduce", "gather", "allgather", "scatter", "reduce_scatter", "ireduce_scatter", "iallgather",
-             "barrier", "bcast_obj", "allgather_obj", "gather_obj", "wtime", "abort"]  # fmt: skip
+             "barrier", "bcast_obj", "allgather_obj", "gather_obj", "wtime", "alloc_shared", "abort"]  # fmt: skip
     assert sorted(names) == SEAM  # the list above covers the whole seam
     return names
 

@@ -1,0 +1,255 @@
+"""``bench shm``: the shared-memory all-reduce against MPI's own, the seam, gloo and a memcpy.
+
+For each power-of-two size it times, interleaved in one run (see :mod:`.timing`):
+
+* ``shared`` ``comm.allreduce`` on (a numpy view of) a buffer from ``comm.alloc_shared``
+  (:mod:`mpi_sgd.comm.shm_allreduce`);
+* ``raw``    ``MPI.Comm.Allreduce(IN_PLACE, ndarray)``: the MPI library's own all-reduce;
+* ``seam``   ``comm.allreduce`` on an ordinary torch tensor: what the strategies did before shared buckets;
+* ``gloo``   ``torch.distributed.all_reduce`` over gloo;
+* ``memcpy`` one process (rank 0) copying the same number of bytes while the others wait: the floor
+  an all-reduce that reads and writes every byte once cannot beat.
+
+Every call works on a fresh buffer: each implementation walks through a pool of ``--pool`` bytes
+(four times the last-level cache here by default), one slice per call, so a call never finds its
+data in cache from the call before, as a gradient bucket would not after a training step. Pools
+are written once before timing, so no call pays for first-touch page faults.
+
+Times are each rank's median block, averaged over ranks (``memcpy``: rank 0's). The targets this
+benchmark checks are printed under the table with "met" or "NOT met".
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+
+import numpy as np
+
+from ..args import nbytes, positive_int
+from ..comm.buffers import zeros
+from ..report import add_output_arguments, human_bytes, markdown_table, new_figure, save_results
+from ..timing import time_interleaved
+from .allreduce import sizes
+
+IMPLS = ("shared", "raw", "seam", "gloo", "memcpy")
+LARGE = 64 << 10  # from here up the shared all-reduce must beat MPI's by the target factor
+NEAR_MEMCPY = 4 << 20  # from here up it must be within MEMCPY_FACTOR of a memcpy
+MEMCPY_FACTOR = 1.3
+
+
+def iterations(nbytes: int) -> int:
+    """OSU's 1000 iterations up to 8 KiB and 100 above, fewer from 16 MiB so a sweep stays minutes."""
+    return 1000 if nbytes <= 8192 else max(10, min(100, (1 << 30) // nbytes))
+
+
+def speedup_target(ranks: int) -> float:
+    """The factor over MPI's all-reduce to reach from 64 KiB up: 2x at two ranks, 1.5x above."""
+    return 2.0 if ranks <= 2 else 1.5
+
+
+class _Pools:
+    """One pool per implementation, each cut into slices of the current size, used in turn."""
+
+    def __init__(self, comm, impls, pool_bytes: int, peer):
+        n = pool_bytes // 4
+        self.comm, self.peer, self.n, self.impls = comm, peer, n, impls
+        self.bufs = {}
+        for name in impls:
+            if name == "shared":
+                self.bufs[name] = comm.alloc_shared(n).numpy()
+            elif name == "raw":
+                self.bufs[name] = np.zeros(n, np.float32)
+            elif name in ("seam", "gloo"):
+                self.bufs[name] = zeros(n)
+            elif comm.rank == 0:  # memcpy: source and destination, on the copying rank only
+                self.bufs[name] = (np.zeros(n, np.float32), np.zeros(n, np.float32))
+        for buf in self.bufs.values():
+            for part in buf if isinstance(buf, tuple) else (buf,):
+                part[:] = 0  # touch every page now
+
+    def calls(self, nbytes: int) -> dict:
+        """One function per implementation, each call on the next slice of its pool.
+
+        The slices are cut beforehand, so no call pays for making one (a torch slice costs more
+        than a small all-reduce here) and every implementation is timed on its call alone.
+        """
+        count = nbytes // 4
+        slots = self.n // count
+        out = {}
+        for name, buf in self.bufs.items():
+            pools = buf if name == "memcpy" else (buf,)
+            out[name] = self._call(name, [[p[i * count : (i + 1) * count] for i in range(slots)] for p in pools])
+        if "memcpy" in self.impls and self.comm.rank != 0:
+            out["memcpy"] = lambda: None  # the other ranks wait at the next block's barrier
+        return out
+
+    def _call(self, name: str, slices: list[list]):
+        from mpi4py import MPI
+
+        turn = itertools.cycle(range(len(slices[0])))
+        first = slices[0]
+        if name in ("shared", "seam"):
+            return lambda: self.comm.allreduce(first[next(turn)])
+        if name == "raw":
+            return lambda: self.comm.comm.Allreduce(MPI.IN_PLACE, first[next(turn)])
+        if name == "gloo":
+            return lambda: self.peer.allreduce(first[next(turn)])
+        dst = slices[1]
+
+        def memcpy():
+            i = next(turn)
+            np.copyto(dst[i], first[i])
+
+        return memcpy
+
+
+def run(comm, impls, min_bytes: int, max_bytes: int, pool_bytes: int, rounds: int, iters=None) -> list[dict]:
+    peer = None
+    if "gloo" in impls:
+        from ..comm.torch_dist import TorchDistComm
+
+        peer = TorchDistComm("gloo", comm)
+    pools = _Pools(comm, impls, max(pool_bytes, 2 * max_bytes), peer)
+    rows = []
+    for size in sizes(min_bytes, max_bytes):
+        calls = {name: call for name, call in pools.calls(size).items() if name in impls}
+        n = iters or iterations(size)
+        stats = time_interleaved(comm, calls, n, max(2, n // 10), rounds)
+        row = {"bytes": size, "ranks": comm.size}
+        for name, st in stats.items():
+            row[name] = st.max if name == "memcpy" else st.avg  # memcpy: the copying rank's time
+        rows.append(row)
+    return rows
+
+
+def verdicts(rows, ranks: int) -> list[str]:
+    """One line per target: met or NOT met, with the worst size."""
+    out = []
+    if ranks < 2 or not rows or "shared" not in rows[0]:
+        return out
+
+    def line(name, ok, worst):
+        return f"target {name}: {'met' if ok else 'NOT met'} ({worst})"
+
+    if "raw" in rows[0]:
+        want = speedup_target(ranks)
+        large = [(r["raw"] / r["shared"], r["bytes"]) for r in rows if r["bytes"] >= LARGE]
+        small = [(r["raw"] / r["shared"], r["bytes"]) for r in rows if r["bytes"] < LARGE]
+        if large:
+            worst = min(large)
+            text = f">= {want:g}x MPI Allreduce at every size from {human_bytes(LARGE)}"
+            out.append(line(text, worst[0] >= want, f"lowest {worst[0]:.2f}x at {human_bytes(worst[1])}"))
+        if small:
+            worst = min(small)
+            text = f"no slower than MPI Allreduce below {human_bytes(LARGE)}"
+            out.append(line(text, worst[0] >= 1.0, f"lowest {worst[0]:.2f}x at {human_bytes(worst[1])}"))
+    if "memcpy" in rows[0]:
+        near = [(r["shared"] / r["memcpy"], r["bytes"]) for r in rows if r["bytes"] >= NEAR_MEMCPY]
+        if near:
+            worst = max(near)
+            text = f"within {MEMCPY_FACTOR:g}x of a one-process memcpy from {human_bytes(NEAR_MEMCPY)}"
+            out.append(line(text, worst[0] <= MEMCPY_FACTOR, f"highest {worst[0]:.2f}x at {human_bytes(worst[1])}"))
+    return out
+
+
+def table(rows, impls) -> str:
+    headers = ["size"] + [f"{i} us" for i in impls]
+    ratios = [(a, b) for a, b in (("raw", "shared"), ("seam", "shared"), ("gloo", "shared")) if {a, b} <= set(impls)]
+    headers += [f"{a}/{b}" for a, b in ratios]
+    if {"shared", "memcpy"} <= set(impls):
+        headers.append("shared/memcpy")
+    body = []
+    for r in rows:
+        line = [human_bytes(r["bytes"])] + [1e6 * r[i] for i in impls]
+        line += [f"{r[a] / r[b]:.2f}" for a, b in ratios]
+        if {"shared", "memcpy"} <= set(impls):
+            line.append(f"{r['shared'] / r['memcpy']:.2f}")
+        body.append(line)
+    return markdown_table(headers, body)
+
+
+def plot(rows, impls, path) -> None:
+    fig, ax = new_figure(figsize=(7, 4.5))
+    for impl in impls:
+        ax.loglog([r["bytes"] for r in rows], [1e6 * r[impl] for r in rows], marker="o", ms=3, label=impl)
+    ax.set_xlabel("message size (bytes)")
+    ax.set_ylabel("time per call (us)")
+    ax.set_title(f"all-reduce on fresh buffers, {rows[0]['ranks']} ranks")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(comm, args) -> int:
+    impls = tuple(args.impls)
+    rows = run(comm, impls, args.min_bytes, args.max_bytes, args.pool, args.rounds, args.iterations)
+    if comm.is_root:
+        print(
+            f"# all-reduce, {comm.size} ranks, float32, in place, fresh buffer each call "
+            f"(pool {human_bytes(max(args.pool, 2 * args.max_bytes))} per implementation), "
+            f"median of {args.rounds} interleaved blocks, avg over ranks (memcpy: rank 0 alone)"
+        )
+        print(table(rows, impls))
+        print("\n" + "\n".join(verdicts(rows, comm.size)))
+        save_results(args, f"shm-n{comm.size}", {"benchmark": "shm", "ranks": comm.size, "rows": rows},
+                     lambda png: plot(rows, impls, png))  # fmt: skip
+    return 0
+
+
+def _impls(text: str) -> list[str]:
+    names = [s.strip() for s in text.split(",") if s.strip()]
+    bad = [n for n in names if n not in IMPLS]
+    if bad or not names:
+        raise argparse.ArgumentTypeError(f"unknown implementation(s) {bad or text!r}; choose from {','.join(IMPLS)}")
+    return names
+
+
+def _run(args) -> int:
+    from ..comm import init
+
+    if args.min_bytes > args.max_bytes:
+        args.parser.error(f"--min-bytes ({args.min_bytes}) is larger than --max-bytes ({args.max_bytes})")
+    if args.min_bytes < 4:
+        args.parser.error("--min-bytes must be at least 4 (one float32)")
+    return main(init("mpi4py"), args)
+
+
+def add_parser(kinds) -> None:
+    """``mpi-sgd bench shm``: register on the ``bench`` command's sub-parsers."""
+    p = kinds.add_parser(
+        "shm",
+        help="shared-memory all-reduce vs MPI Allreduce vs the seam vs gloo vs memcpy, fresh buffers",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--min-bytes", type=nbytes, default=4 << 10, help="smallest message (default 4 KiB)")
+    p.add_argument("--max-bytes", type=nbytes, default=64 << 20, help="largest message (default 64 MiB)")
+    p.add_argument(
+        "--impls",
+        type=_impls,
+        default=list(IMPLS),
+        help=f"comma-separated implementations to time: {','.join(IMPLS)} (default all)",
+    )
+    p.add_argument(
+        "--pool",
+        type=nbytes,
+        default=128 << 20,
+        help="bytes each implementation cycles through so no call finds a warm cache (default 128 MiB; "
+        "at least twice --max-bytes is used)",
+    )
+    p.add_argument(
+        "--rounds",
+        type=positive_int,
+        default=8,
+        help="interleaved blocks per implementation, the order rotating each round (default 8)",
+    )
+    p.add_argument(
+        "--iterations",
+        type=positive_int,
+        default=None,
+        help="timed calls per size and implementation (default: 1000 up to 8 KiB, 100 above, fewer from 16 MiB)",
+    )
+    add_output_arguments(p)
+    p.set_defaults(func=_run, parser=p)

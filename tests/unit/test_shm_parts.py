@@ -1,0 +1,71 @@
+"""The shared-memory all-reduce's pure parts, without processes: slicing, settings, benchmark verdicts."""
+
+from __future__ import annotations
+
+import pytest
+
+from mpi_sgd.bench import shm as bench_shm
+from mpi_sgd.comm.shm import node_size_override
+from mpi_sgd.comm.shm_allreduce import LINE, slice_bounds
+from mpi_sgd.comm.shm_sync import DEFAULT_TIMEOUT, timeout_setting
+
+
+@pytest.mark.parametrize("itemsize", [4, 8])
+@pytest.mark.parametrize("parts", [1, 2, 3, 4])
+def test_slices_cover_every_element_once_on_cache_line_edges(parts, itemsize):
+    per_line = LINE // itemsize
+    for n in [0, 1, 2, 3, 15, 16, 17, 31, 33, 1000, 1009, 32768, 32769, 98311]:
+        bounds = [slice_bounds(n, parts, p, itemsize) for p in range(parts)]
+        assert bounds[0][0] == 0 and bounds[-1][1] == n
+        assert all(a[1] == b[0] for a, b in zip(bounds, bounds[1:], strict=False))  # contiguous, no overlap
+        assert all(lo % per_line == 0 for lo, hi in bounds if lo < n)  # each owner starts a cache line
+        lines = [-(-(hi - lo) // per_line) for lo, hi in bounds]
+        assert max(lines) - min(lines) <= 1  # balanced to a line
+
+
+def test_node_size_override(monkeypatch):
+    monkeypatch.delenv("MPI_SGD_SHM_NODE_SIZE", raising=False)
+    assert node_size_override() is None and node_size_override(3) == 3
+    monkeypatch.setenv("MPI_SGD_SHM_NODE_SIZE", "2")
+    assert node_size_override() == 2 and node_size_override(4) == 4  # the argument wins
+    monkeypatch.setenv("MPI_SGD_SHM_NODE_SIZE", "two")
+    with pytest.raises(ValueError, match="whole number of ranks, got 'two'"):
+        node_size_override()
+    with pytest.raises(ValueError, match="at least 1"):
+        node_size_override(0)
+
+
+def test_timeout_setting(monkeypatch):
+    monkeypatch.delenv("MPI_SGD_SHM_TIMEOUT", raising=False)
+    assert timeout_setting() == DEFAULT_TIMEOUT and timeout_setting(0.5) == 0.5
+    monkeypatch.setenv("MPI_SGD_SHM_TIMEOUT", "20")
+    assert timeout_setting() == 20.0 and timeout_setting(3) == 3  # the argument wins
+    monkeypatch.setenv("MPI_SGD_SHM_TIMEOUT", "soon")
+    with pytest.raises(ValueError, match="number of seconds, got 'soon'"):
+        timeout_setting()
+    for bad in ("0", "-1", "nan"):
+        monkeypatch.setenv("MPI_SGD_SHM_TIMEOUT", bad)
+        with pytest.raises(ValueError, match="above 0 seconds"):
+            timeout_setting()
+
+
+def _row(nbytes, shared, raw, memcpy):
+    return {"bytes": nbytes, "ranks": 2, "shared": shared, "raw": raw, "seam": raw, "gloo": raw, "memcpy": memcpy}
+
+
+def test_bench_verdicts_name_the_worst_size():
+    rows = [_row(4096, 1.0, 1.1, 0.1), _row(64 << 10, 1.0, 2.5, 0.5), _row(4 << 20, 10.0, 19.0, 8.0)]
+    lines = bench_shm.verdicts(rows, ranks=2)
+    assert lines[0] == "target >= 2x MPI Allreduce at every size from 64 KiB: NOT met (lowest 1.90x at 4 MiB)"
+    assert lines[1] == "target no slower than MPI Allreduce below 64 KiB: met (lowest 1.10x at 4 KiB)"
+    assert lines[2] == "target within 1.3x of a one-process memcpy from 4 MiB: met (highest 1.25x at 4 MiB)"
+    at_four = bench_shm.verdicts(rows, ranks=4)[0]
+    assert at_four == "target >= 1.5x MPI Allreduce at every size from 64 KiB: met (lowest 1.90x at 4 MiB)"
+    assert bench_shm.verdicts(rows, ranks=1) == []  # nothing to compare at one rank
+
+
+def test_bench_table_has_the_ratios():
+    text = bench_shm.table([_row(4096, 2e-6, 4e-6, 1e-6)], bench_shm.IMPLS)
+    header, _, row = ([c.strip() for c in line.strip("|").split("|")] for line in text.splitlines())
+    assert header[-4:] == ["raw/shared", "seam/shared", "gloo/shared", "shared/memcpy"]
+    assert row[0] == "4 KiB" and row[1] == "2" and row[-4:] == ["2.00", "2.00", "2.00", "2.00"]
