@@ -26,6 +26,7 @@ from tqdm import tqdm
 from . import checkpoint, data
 from .config import TrainConfig
 from .gradsync import GradSync
+from .timeline import chrome_trace
 
 WARMUP_STEPS = 5  # left out of the timing summary: first steps pay for allocation and caches
 
@@ -215,16 +216,7 @@ class Trainer:
         (``allreduce[i]`` per bucket), ``tid`` = rank, ``ts``/``dur`` in microseconds since the
         ranks left a common barrier when the trainer was made.
         """
-        mine = [(n, s - self._t0, d) for n, s, d in self.events or []]
-        everyone = self.comm.gather_obj(mine)
-        if not self.comm.is_root:
-            return None
-        trace = [
-            {"name": n, "ph": "X", "pid": 0, "tid": rank, "ts": 1e6 * s, "dur": 1e6 * d}
-            for rank, events in enumerate(everyone)
-            for n, s, d in events
-        ]
-        return {"traceEvents": trace, "displayTimeUnit": "ms"}
+        return chrome_trace(self.comm, self.events or [], self._t0)
 
 
 def write_json(obj, path: str) -> None:
