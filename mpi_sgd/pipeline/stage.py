@@ -52,7 +52,7 @@ from ..timeline import chrome_trace
 from .schedule import schedule as make_schedule
 
 ACT_TAG, GRAD_TAG = 7101, 7102
-KINDS = {ACT_TAG: "activation", GRAD_TAG: "gradient"}
+KINDS = {ACT_TAG: "an activation", GRAD_TAG: "a gradient"}
 DTYPES = (torch.float32, torch.float64, torch.float16, torch.int64, torch.int32, torch.uint8, torch.bool)
 MAX_DIMS = 6
 HEADER = 6 + MAX_DIMS  # step, micro-batch, m, kind (tag), dtype code, ndim, shape
@@ -185,7 +185,7 @@ class PipelineStage:
             problem = f"shape {shape} {dtype}, expected {tuple(like.shape)} {like.dtype}"
         if problem:
             raise PipelineError(
-                f"stage {self.stage} ({self.schedule_name}) got a {KINDS[tag]} from rank {peer} with {problem}: "
+                f"stage {self.stage} ({self.schedule_name}) got {KINDS[tag]} from rank {peer} with {problem}: "
                 "the ranks disagree on the schedule or the micro-batch count"
             )
         return buf
