@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 
 from ..args import nbytes, positive_int
-from . import grid, sgd, validate, workers
+from . import grid, pipeline, sgd, validate, workers
 from .report import add_output_arguments
 
 
@@ -74,4 +74,5 @@ def add_parser(subparsers) -> None:
     grid.add_parser(kinds)
     workers.add_parser(kinds)
     sgd.add_parser(kinds)
+    pipeline.add_parser(kinds)
     validate.add_parser(kinds)

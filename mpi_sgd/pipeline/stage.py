@@ -160,11 +160,11 @@ class PipelineStage:
         self.meter = ActivationMeter(self.params) if measure_memory else None
         self.step_count = 0
         self.stats: list[dict] = []
-        self.events: list | None = [] if timeline else None
+        self.events: list | None = None
         self._pending: list = []  # send requests not yet known to be complete
-        if timeline:
-            comm.barrier()  # lanes start from (nearly) the same instant
         self._t0 = time.perf_counter()
+        if timeline:
+            self.start_timeline()
 
     # -- messages -----------------------------------------------------------------------------
     def _send(self, t: torch.Tensor, peer: int, tag: int, mb: int) -> None:
@@ -244,7 +244,11 @@ class PipelineStage:
             raise ValueError(f"a batch of {len(t)} cannot be cut into {self.m} micro-batches")
         return t.tensor_split(self.m)
 
+    def start_timeline(self) -> None:
+        """Record ops from now on, on every rank at once (a collective: lanes start together)."""
+        self.comm.barrier()
+        self.events, self._t0 = [], time.perf_counter()
+
     def timeline(self) -> dict | None:
         """The recorded ops of every stage as a Chrome trace (root only): F/B boxes, one lane per rank."""
         return chrome_trace(self.comm, self.events or [], self._t0)
-

@@ -20,13 +20,15 @@ micro-batch), which moves parameters by O(lr * |g|) ~ 1e-2 after one step.
 from __future__ import annotations
 
 import copy
+import itertools
 
 import pytest
 import torch
 from torch.nn import functional as F
 
 from mpi_sgd.models import MLP
-from mpi_sgd.pipeline import PipelineError, PipelineStage, cut, layers_of, peak_in_flight, schedule
+from mpi_sgd.pipeline import PipelineError, PipelineStage, cut, layers_of, peak_in_flight
+from mpi_sgd.pipeline import schedule as schedule_of
 from mpi_sgd.pipeline.stage import ACT_TAG
 
 pytestmark = pytest.mark.mpi
@@ -61,7 +63,10 @@ def train_both(comm, schedule: str, m: int, split: str = "layers", optimizer=tor
         ref_opt.zero_grad()
         ref_loss = F.cross_entropy(ref(x), y)
         ref_loss.backward()
-        worst = max((a.grad - b.grad).abs().max().item() for a, b in zip(module.parameters(), ref_module.parameters()))
+        worst = max(
+            (a.grad - b.grad).abs().max().item()
+            for a, b in zip(module.parameters(), ref_module.parameters(), strict=True)
+        )
         if stage.last:
             worst = max(worst, abs(loss - ref_loss.item()))
         else:
@@ -69,7 +74,7 @@ def train_both(comm, schedule: str, m: int, split: str = "layers", optimizer=tor
         diffs.append(worst)
         opt.step()
         ref_opt.step()
-    params = max((a - b).abs().max().item() for a, b in zip(module.parameters(), ref_module.parameters()))
+    params = max((a - b).abs().max().item() for a, b in zip(module.parameters(), ref_module.parameters(), strict=True))
     return diffs, params, stage
 
 
@@ -81,7 +86,9 @@ def test_pipeline_equals_the_unsplit_model(world, schedule, m):
     for rank, (g, p) in enumerate(everyone):
         if m == 1:
             assert g == 0.0 and p == 0.0, f"stage {rank}: m = 1 must be bit-identical, got {g:.3g} / {p:.3g}"
-        assert g <= ATOL and p <= ATOL, f"stage {rank} of {world.size}, {schedule}, m={m}: grads {g:.3g}, params {p:.3g}"
+        assert g <= ATOL and p <= ATOL, (
+            f"stage {rank} of {world.size}, {schedule}, m={m}: grads {g:.3g}, params {p:.3g}"
+        )
 
 
 @pytest.mark.parametrize("split, optimizer", [("params", torch.optim.Adam), ("time", torch.optim.SGD)])
@@ -131,8 +138,8 @@ def test_timeline_has_one_box_per_op_in_schedule_order(world):
         assert sorted(e["name"] for e in lane) == sorted(f"{k}{i}" for k in "FB" for i in range(4))
         assert all(e["args"] == {"micro_batch": int(e["name"][1:]), "stage": rank} for e in lane)
         assert all(e["dur"] >= 0 and e["ts"] >= -1e3 for e in lane)  # µs; a barrier's skew at most
-        assert all(a["ts"] + a["dur"] <= b["ts"] for a, b in zip(lane, lane[1:]))  # one op at a time
-        assert [e["name"] for e in lane] == [str(op) for op in schedule("1f1b", rank, world.size, 4)]
+        assert all(a["ts"] + a["dur"] <= b["ts"] for a, b in itertools.pairwise(lane))  # one op at a time
+        assert [e["name"] for e in lane] == [str(op) for op in schedule_of("1f1b", rank, world.size, 4)]
 
 
 @pytest.mark.mpi(min_size=2)
@@ -148,4 +155,44 @@ def test_a_message_for_the_wrong_micro_batch_is_an_error_not_garbage(world):
         with pytest.raises(PipelineError, match=r"stage 1 \(gpipe\) got an activation from rank 0 .*\(0, 2, 4\), "
                            r"expected \(0, 0, 4\)"):  # fmt: skip
             stage._recv(0, ACT_TAG, mb=0)
+    world.barrier()
+
+
+def test_bench_pipeline_tables_json_and_timelines(world, capsys):
+    """``mpi-sgd bench pipeline`` in-process at a tiny size: its tables, JSON and Chrome traces."""
+    import json
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    from mpi_sgd.bench import pipeline as bench
+    from mpi_sgd.cli import build_parser
+
+    out = world.bcast_obj(tempfile.mkdtemp() if world.is_root else None)
+    args = build_parser().parse_args(
+        ["bench", "pipeline", "--width", "8", "--depth", "3", "--batch-size", "8", "--micro-batches", "1,4",
+         "--steps", "1", "--rounds", "1", "--warmup", "1", "--timeline-m", "2", "--out-dir", out, "--no-plot"]
+    )  # fmt: skip
+    assert bench.main(world, args) == 0
+    world.barrier()
+    if world.is_root:
+        text = capsys.readouterr().out
+        header = next(line for line in text.splitlines() if line.startswith("|"))
+        assert [c.strip() for c in header.strip("|").split("|")] == [
+            "schedule", "m", "step ms", "ideal ms", "x unsplit", "bubble", "(R-1)/(m+R-1)"
+        ]  # fmt: skip
+        data = json.loads((Path(out) / f"pipeline-n{world.size}.json").read_text())
+        assert [(r["schedule"], r["m"]) for r in data["rows"]] == [("gpipe", 1), ("gpipe", 4), ("1f1b", 1), ("1f1b", 4)]
+        assert all(0 <= r["bubble"] < 1 and r["ideal_bubble"] == (world.size - 1) / (r["m"] + world.size - 1)
+                   for r in data["rows"])  # fmt: skip
+        held = {(r["schedule"], r["m"], r["stage"]): r["held"] for r in data["memory"]}
+        assert held[("gpipe", 4, 0)] == 4 and held[("1f1b", 4, 0)] == min(world.size, 4)
+        for schedule in ("gpipe", "1f1b"):
+            events = json.loads((Path(out) / f"pipeline-timeline-{schedule}-n{world.size}.json").read_text())
+            events = events["traceEvents"]
+            assert {e["ph"] for e in events} == {"X"} and {e["tid"] for e in events} == set(range(world.size))
+            for rank in range(world.size):  # one traced step: F and B of each micro-batch, in schedule order
+                lane = sorted((e for e in events if e["tid"] == rank), key=lambda e: e["ts"])
+                assert [e["name"] for e in lane] == [str(op) for op in schedule_of(schedule, rank, world.size, 2)]
+        shutil.rmtree(out)
     world.barrier()
