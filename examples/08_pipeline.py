@@ -2,9 +2,12 @@
 """Step 8: pipeline parallelism. The model is cut into one stage per rank; micro-batches flow forward
 through the stages and their gradients flow back, as point-to-point messages.
 
-    stage 0: F0 F1 F2 F3 . . . . . . B3 B2 B1 B0        GPipe: all forwards, then all backwards
-    stage 1:    F0 F1 F2 F3 . . . B3 B2 B1 B0
-    stage 2:       F0 F1 F2 F3 B3 B2 B1 B0              1F1B: the same bubble, fewer activations held
+    GPipe  stage 0: F0 F1 F2 F3 .  .  .  .  B3 B2 B1 B0     all forwards, then all backwards
+           stage 1: .  F0 F1 F2 F3 .  .  B3 B2 B1 B0 .
+           stage 2: .  .  F0 F1 F2 F3 B3 B2 B1 B0 .  .
+    1F1B   stage 0: F0 F1 F2 .  .  B0 F3 B1 .  B2 .  B3     fewer activations held, same bubble
+           stage 1: .  F0 F1 .  B0 F2 B1 F3 B2 .  B3 .
+           stage 2: .  .  F0 B0 F1 B1 F2 B2 F3 B3 .  .
 
 The gradients a stage accumulates over the m micro-batches are those of the unsplit model on the
 whole batch, so each rank stepping its own stage trains exactly the unsplit model: this script
@@ -95,7 +98,7 @@ for m in sorted({1, 2, 4, 8, args.micro_batches}):
 if args.timeline and comm.is_root:
     write_json(trace, args.timeline)
 if comm.is_root:
-    shared = " (more ranks than cores: they take turns, so read the bubble as an upper bound)"
+    shared = " (more ranks than cores: the bubble also counts ranks waiting for a core)"
     print(f"\n{args.schedule}, R = {comm.size}{shared if comm.local_size > (os.cpu_count() or 1) else ''}")
     print("|  m | step ms | bubble | (R-1)/(m+R-1) |\n|---:|--------:|-------:|--------------:|")
     for m, ms, measured, ideal in rows:

@@ -10,12 +10,20 @@ each m in ``--micro-batches``, next to:
   stages at best takes ``unsplit / R`` of compute per step; with the bubble it takes
   ``unsplit * (m + R - 1) / (m * R)``, the ``ideal`` column.
 
+The default model (12 x 256 + head, batch 256) is sized so compute dominates: an activation
+message at m = 8 is 32 rows x 256 floats (32 KiB, microseconds over shared memory) against
+milliseconds of F or B; 256-wide weights stay in cache; and 32 rows per micro-batch keep the
+matrix products near their per-sample cost at full batch.
+
+``F+B ms`` is the compute of one stage per step (the mean over stages of the seconds in its F and
+B ops): it grows with m where small micro-batches make the matrix products less efficient.
 ``bubble`` is measured: ``1 - (seconds the stages spent in F and B ops) / (R * step span)``,
 summed over the timed steps; anything that is not computing counts as bubble, messages and
 imbalance between stages included. ``(R-1)/(m+R-1)`` beside it is GPipe's formula for equal
 stages and free messages. On a host with fewer cores than ranks, the ranks also take turns on
-the cores, and a rank waiting for its core looks busy or idle depending on when it is preempted:
-read figures at R > cores as an upper bound on the bubble.
+the cores: a stage whose input is ready may wait for a core (counted as bubble) and an op that is
+preempted counts the wait as compute, so figures at R > cores measure the host as much as the
+schedule.
 
 Memory: one more step per (schedule, m) with an activation meter on every stage
 (:class:`mpi_sgd.pipeline.ActivationMeter`): the peak bytes autograd held for backward, and the
@@ -90,6 +98,7 @@ def measure(comm, args) -> dict:
         rows.append({
             "schedule": schedule, "m": m, "step_s": step, "step_s_min_rank": times[f"{schedule} m={m}"].min,
             "bubble": 1 - sum(b for b, _ in everyone) / sum(s for _, s in everyone),
+            "compute_s": sum(b for b, _ in everyone) / (R * max(1, len(timed))),
             "ideal_bubble": ideal_bubble(R, m), "ideal_step_s": unsplit * (m + R - 1) / (m * R),
             "speedup": unsplit / step,
         })  # fmt: skip
@@ -123,12 +132,11 @@ def timelines(comm, args) -> dict:
 
 
 def bubble_table(rows, unsplit: float) -> str:
-    headers = ["schedule", "m", "step ms", "ideal ms", "x unsplit", "bubble", "(R-1)/(m+R-1)"]
-    body = [[r["schedule"], r["m"], 1e3 * r["step_s"], 1e3 * r["ideal_step_s"], r["speedup"], r["bubble"],
-             r["ideal_bubble"]] for r in rows]  # fmt: skip
-    return markdown_table(
-        headers, [["unsplit", "-", 1e3 * unsplit, float("nan"), 1.0, float("nan"), float("nan")]] + body
-    )
+    headers = ["schedule", "m", "step ms", "F+B ms", "ideal ms", "x unsplit", "bubble", "(R-1)/(m+R-1)"]
+    body = [[r["schedule"], r["m"], 1e3 * r["step_s"], 1e3 * r["compute_s"], 1e3 * r["ideal_step_s"], r["speedup"],
+             r["bubble"], r["ideal_bubble"]] for r in rows]  # fmt: skip
+    nan = float("nan")
+    return markdown_table(headers, [["unsplit", "-", 1e3 * unsplit, nan, nan, 1.0, nan, nan]] + body)
 
 
 def memory_table(rows, schedules) -> str:
@@ -191,9 +199,9 @@ def add_parser(kinds) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--width", type=positive_int, default=512, help="units per hidden layer (default 512)")
+    p.add_argument("--width", type=positive_int, default=256, help="units per hidden layer (default 256)")
     p.add_argument("--depth", type=positive_int, default=12, help="hidden layers of --width units (default 12)")
-    p.add_argument("--batch-size", type=positive_int, default=128, help="samples per step (default 128)")
+    p.add_argument("--batch-size", type=positive_int, default=256, help="samples per step (default 256)")
     p.add_argument("--micro-batches", type=positive_ints, default=[1, 2, 4, 8],
                    help="comma-separated micro-batch counts m (default 1,2,4,8)")  # fmt: skip
     p.add_argument("--schedules", type=lambda s: s.split(","), default=list(SCHEDULES),

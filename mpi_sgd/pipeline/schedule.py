@@ -5,17 +5,23 @@ of micro-batch ``i`` (after receiving its input from stage ``s-1``), and ``B(i)`
 (after receiving the gradient of its output from stage ``s+1``). A schedule is the order of
 those ``2m`` ops on each stage; the data they exchange is implied by it.
 
-* **GPipe** (Huang et al., 2019): every forward, then every backward, newest first::
-
-      stage 0: F0 F1 F2 F3 . . . . . . B3 B2 B1 B0
-      stage 1:    F0 F1 F2 F3 . . . B3 B2 B1 B0
-      stage 2:       F0 F1 F2 F3 B3 B2 B1 B0
-
-  Each stage holds the activations of all ``m`` micro-batches at once.
+* **GPipe** (Huang et al., 2019): every forward, then every backward, newest first.
 * **1F1B** (PipeDream-Flush; Narayanan et al., 2021): a warm-up of ``min(R-s-1, m)``
   forwards, then one forward and one backward in turn, then a cool-down of the remaining
-  backwards. Stage ``s`` never holds more than ``min(R-s, m)`` micro-batches' activations; the
-  bubble is the same as GPipe's.
+  backwards.
+
+One slot per op (forward and backward taking the same time), R = 3, m = 4, as
+:func:`simulate` lays them out::
+
+      GPipe   stage 0: F0 F1 F2 F3 .  .  .  .  B3 B2 B1 B0
+              stage 1: .  F0 F1 F2 F3 .  .  B3 B2 B1 B0 .
+              stage 2: .  .  F0 F1 F2 F3 B3 B2 B1 B0 .  .
+      1F1B    stage 0: F0 F1 F2 .  .  B0 F3 B1 .  B2 .  B3
+              stage 1: .  F0 F1 .  B0 F2 B1 F3 B2 .  B3 .
+              stage 2: .  .  F0 B0 F1 B1 F2 B2 F3 B3 .  .
+
+Under GPipe each stage holds the activations of all ``m`` micro-batches at once; under 1F1B
+stage ``s`` never holds more than ``min(R-s, m)``, and the bubble is the same.
 
 With every op of one stage taking the same time and messages free, both leave each stage idle
 for ``R-1`` op-slots of each kind out of ``m+R-1``: the bubble fraction ``(R-1)/(m+R-1)``

@@ -179,7 +179,7 @@ def test_bench_pipeline_tables_json_and_timelines(world, capsys):
         text = capsys.readouterr().out
         header = next(line for line in text.splitlines() if line.startswith("|"))
         assert [c.strip() for c in header.strip("|").split("|")] == [
-            "schedule", "m", "step ms", "ideal ms", "x unsplit", "bubble", "(R-1)/(m+R-1)"
+            "schedule", "m", "step ms", "F+B ms", "ideal ms", "x unsplit", "bubble", "(R-1)/(m+R-1)"
         ]  # fmt: skip
         data = json.loads((Path(out) / f"pipeline-n{world.size}.json").read_text())
         assert [(r["schedule"], r["m"]) for r in data["rows"]] == [("gpipe", 1), ("gpipe", 4), ("1f1b", 1), ("1f1b", 4)]

@@ -3,6 +3,7 @@ the activation meter and the timeline format. The distributed runs are in tests/
 
 from __future__ import annotations
 
+import importlib
 import itertools
 import json
 import random
@@ -191,3 +192,19 @@ def test_world_size_1_stage_is_the_whole_model_and_writes_a_trace():
     assert [(e["name"], e["ph"], e["tid"]) for e in trace["traceEvents"]] == [("F0", "X", 0), ("B0", "X", 0)]
     with pytest.raises(ValueError, match="cannot be cut into 2 micro-batches"):
         PipelineStage(comm, module, F.cross_entropy, "1f1b", micro_batches=2).forward_backward(x[:1], y[:1])
+
+
+def test_the_diagrams_in_the_docs_are_what_simulate_lays_out():
+    def rows(name):
+        out = []
+        for ops in simulate(name, 3, 4, 1.0, 1.0):
+            slots = [".  "] * 12
+            for op, start, _ in ops:
+                slots[int(start)] = f"{op} "
+            out.append("".join(slots).rstrip())
+        return out
+
+    doc = importlib.import_module("mpi_sgd.pipeline.schedule").__doc__
+    for name in SCHEDULES:
+        for s, row in enumerate(rows(name)):
+            assert f"stage {s}: {row}\n" in doc, (name, s, row)
