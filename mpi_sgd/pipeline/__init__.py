@@ -11,13 +11,18 @@ optimizer on its own stage takes exactly the unsplit model's step.
     optimizer = torch.optim.SGD(stage_module.parameters(), lr=0.1)
     loss = stage.forward_backward(x, y)   # x read on stage 0, y on the last stage
     optimizer.step()
+
+Pipelines side by side, each a data-parallel replica of the others (:mod:`.grid`):
+
+    pipe, data = grid(comm, stages=2)     # then the pipeline over pipe, gradients averaged over data
 """
 
+from .grid import grid
 from .schedule import SCHEDULES, Deadlock, Op, ideal_bubble, peak_in_flight, schedule, simulate
 from .split import SPLITS, balance, cut, layers_of, partition, stage_module
 from .stage import ActivationMeter, PipelineError, PipelineStage
 
 __all__ = [
     "SCHEDULES", "SPLITS", "ActivationMeter", "Deadlock", "Op", "PipelineError", "PipelineStage", "balance",
-    "cut", "ideal_bubble", "layers_of", "partition", "peak_in_flight", "schedule", "simulate", "stage_module",
+    "cut", "grid", "ideal_bubble", "layers_of", "partition", "peak_in_flight", "schedule", "simulate", "stage_module",
 ]  # fmt: skip

@@ -26,8 +26,9 @@ import pytest
 import torch
 from torch.nn import functional as F
 
+from mpi_sgd.gradsync import NaiveAllReduce
 from mpi_sgd.models import MLP
-from mpi_sgd.pipeline import PipelineError, PipelineStage, cut, layers_of, peak_in_flight
+from mpi_sgd.pipeline import PipelineError, PipelineStage, cut, grid, layers_of, peak_in_flight
 from mpi_sgd.pipeline import schedule as schedule_of
 from mpi_sgd.pipeline.stage import ACT_TAG
 
@@ -101,6 +102,38 @@ def test_any_communicator_one_stage_per_rank(comm):
     """Over a duplicate, gloo, and COMM_SELF/LocalComm (world size 1 inside any job: the whole model)."""
     grads, params, stage = train_both(comm, "gpipe", 2)
     assert stage.stages == comm.size and max(grads) <= ATOL and params <= ATOL
+
+
+@pytest.mark.parametrize("stages", [1, 2, 3, 4])
+def test_pipelines_side_by_side_data_parallel_equal_the_unsplit_model(world, stages):
+    """A grid of D = R / stages replicas, each a pipeline over its own B samples of a global batch of
+    D * B, gradients averaged over each stage's copies: the unsplit model's step on all D * B. At R = 4
+    and two stages it is a true 2 x 2 grid; the averaging adds one more reordered sum, same tolerance."""
+    if world.size % stages:
+        pytest.skip(f"{stages} stages do not divide {world.size} ranks")
+    pipe, data = grid(world, stages)
+    replicas, replica = world.size // stages, world.rank // stages
+    torch.manual_seed(7)
+    model = MLP(SIZES).double()
+    ref = copy.deepcopy(model)
+    module, bounds = cut(model, pipe)
+    ref_module = torch.nn.Sequential(*layers_of(ref)[bounds[pipe.rank] : bounds[pipe.rank + 1]])
+    stage, sync = PipelineStage(pipe, module, F.cross_entropy, "1f1b", 4), NaiveAllReduce(module, data)
+    opt = torch.optim.SGD(module.parameters(), lr=0.05, momentum=0.9)
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.05, momentum=0.9)
+    g = torch.Generator().manual_seed(3)
+    for _ in range(STEPS):
+        x = torch.randn(replicas * B, SIZES[0], generator=g, dtype=torch.float64)
+        y = torch.randint(SIZES[-1], (replicas * B,), generator=g)
+        mine = slice(replica * B, (replica + 1) * B)
+        stage.forward_backward(x[mine], y[mine])
+        sync.wait()
+        opt.step()
+        ref_opt.zero_grad()
+        F.cross_entropy(ref(x), y).backward()
+        ref_opt.step()
+    worst = max((a - b).abs().max().item() for a, b in zip(module.parameters(), ref_module.parameters(), strict=True))
+    assert max(world.allgather_obj(worst)) <= ATOL
 
 
 def test_1f1b_holds_fewer_activations_than_gpipe(world):
