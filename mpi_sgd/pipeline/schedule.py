@@ -98,14 +98,17 @@ def _program(ops: list[Op], stage: int, stages: int) -> list[tuple]:
     return prog
 
 
-def simulate(name: str, stages: int, m: int, t_f: float = 1.0, t_b: float = 2.0, blocking_sends: bool = False):
+def simulate(name: str, stages: int, m: int, t_f=1.0, t_b=2.0, blocking_sends: bool = False):
     """Run schedule ``name`` on an ideal machine; per stage, ``[(op, start, end)]``.
 
-    Ops take ``t_f``/``t_b``, messages take no time. Receives block until the message exists.
-    Sends complete at once (``isend``) or, with ``blocking_sends``, only when the receiver has
-    reached the matching receive, as ``MPI_Send`` may for any message too big to buffer. Raises
-    :class:`Deadlock`, naming what each stage waits for, if the stages get stuck.
+    Ops take ``t_f``/``t_b`` (one number, or one per stage), messages take no time. Receives
+    block until the message exists. Sends complete at once (``isend``) or, with
+    ``blocking_sends``, only when the receiver has reached the matching receive, as ``MPI_Send``
+    may for any message too big to buffer. Raises :class:`Deadlock`, naming what each stage
+    waits for, if the stages get stuck.
     """
+    t_f = [t_f] * stages if isinstance(t_f, (int, float)) else list(t_f)
+    t_b = [t_b] * stages if isinstance(t_b, (int, float)) else list(t_b)
     progs = [_program(schedule(name, s, stages, m), s, stages) for s in range(stages)]
     pc, clock = [0] * stages, [0.0] * stages
     mailbox: dict[tuple, float] = {}  # (src, dst, key) -> time the message became available
@@ -118,7 +121,7 @@ def simulate(name: str, stages: int, m: int, t_f: float = 1.0, t_b: float = 2.0,
                 if what == "run":
                     (op,) = rest
                     start = clock[s]
-                    clock[s] += t_f if op.kind == "F" else t_b
+                    clock[s] += t_f[s] if op.kind == "F" else t_b[s]
                     done[s].append((op, start, clock[s]))
                 elif what == "send":
                     peer, key = rest

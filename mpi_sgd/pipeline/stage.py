@@ -79,7 +79,7 @@ def decode_header(h: torch.Tensor) -> tuple[tuple[int, int, int, int], torch.dty
 
 
 class ActivationMeter:
-    """Bytes that autograd keeps for backward on this stage: now, and the peak since ``reset``.
+    """Bytes that autograd keeps for backward on this stage: now, and the peak so far.
 
     Counted through saved-tensor hooks: every tensor an op saves for its backward is seen when
     saved and released when the graph that holds it is freed (after that micro-batch's
@@ -92,9 +92,6 @@ class ActivationMeter:
         self._params = {p.data_ptr() for p in params}
         self._live: dict[tuple[int, int], int] = {}  # (address, bytes) -> references
         self.now = self.peak = 0
-
-    def reset(self) -> None:
-        self.peak = self.now
 
     def hooks(self):
         return torch.autograd.graph.saved_tensors_hooks(self._pack, _unpack)
@@ -141,9 +138,10 @@ class PipelineStage:
     mean loss over the batch is returned on the last stage, ``None`` elsewhere. At world size 1
     the one stage is the whole model and no message is sent.
 
-    Per step, ``stats`` gets ``{"span", "busy"}``: seconds from entering ``forward_backward`` to
-    leaving it (every send completed), and seconds of those spent computing (F and B ops), so
-    ``1 - busy/span`` is this stage's idle (bubble) fraction. With ``timeline=True`` each op is
+    Per step, ``stats`` gets ``{"span", "busy", "forward", "backward"}``: seconds from entering
+    ``forward_backward`` to leaving it (every send completed), and seconds of those spent
+    computing (F and B ops; then each kind alone), so ``1 - busy/span`` is this stage's idle
+    (bubble) fraction. With ``timeline=True`` each op is
     recorded for :meth:`timeline`; with ``measure_memory=True`` an :class:`ActivationMeter`
     tracks the activation bytes held (``meter.peak``).
     """
@@ -202,7 +200,7 @@ class PipelineStage:
         ys = self._split(y, "y") if self.last else None
         n = len(y) if self.last else 0
         held: dict[int, tuple] = {}  # micro-batch -> (input, output): what backward needs
-        loss, busy = 0.0, 0.0
+        loss, seconds = 0.0, {"F": 0.0, "B": 0.0}
         for op in self.ops:
             i = op.mb
             if op.kind == "F":
@@ -227,14 +225,16 @@ class PipelineStage:
                     self._send(inp.grad, self.stage - 1, GRAD_TAG, i)
                 del inp, out
             t1 = time.perf_counter()
-            busy += t1 - t0
+            seconds[op.kind] += t1 - t0
             if self.events is not None:
                 self.events.append((str(op), t0, t1 - t0, {"micro_batch": i, "stage": self.stage}))
         for r in self._pending:
             r.wait()
         self._pending = []
         self.step_count += 1
-        self.stats.append({"span": time.perf_counter() - start, "busy": busy})
+        span = time.perf_counter() - start
+        self.stats.append({"span": span, "busy": seconds["F"] + seconds["B"], "forward": seconds["F"],
+                           "backward": seconds["B"]})  # fmt: skip
         return loss if self.last else None
 
     def _split(self, t, name: str):

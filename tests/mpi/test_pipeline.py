@@ -212,11 +212,12 @@ def test_bench_pipeline_tables_json_and_timelines(world, capsys):
         text = capsys.readouterr().out
         header = next(line for line in text.splitlines() if line.startswith("|"))
         assert [c.strip() for c in header.strip("|").split("|")] == [
-            "schedule", "m", "step ms", "F+B ms", "ideal ms", "x unsplit", "bubble", "(R-1)/(m+R-1)"
+            "schedule", "m", "step ms", "F+B ms", "ideal ms", "x unsplit", "bubble", "replayed", "(R-1)/(m+R-1)"
         ]  # fmt: skip
         data = json.loads((Path(out) / f"pipeline-n{world.size}.json").read_text())
         assert [(r["schedule"], r["m"]) for r in data["rows"]] == [("gpipe", 1), ("gpipe", 4), ("1f1b", 1), ("1f1b", 4)]
-        assert all(0 <= r["bubble"] < 1 and r["ideal_bubble"] == (world.size - 1) / (r["m"] + world.size - 1)
+        assert all(0 <= r["bubble"] < 1 and 0 <= r["replayed_bubble"] < 1
+                   and r["ideal_bubble"] == (world.size - 1) / (r["m"] + world.size - 1)
                    for r in data["rows"])  # fmt: skip
         held = {(r["schedule"], r["m"], r["stage"]): r["held"] for r in data["memory"]}
         assert held[("gpipe", 4, 0)] == 4 and held[("1f1b", 4, 0)] == min(world.size, 4)

@@ -137,6 +137,16 @@ def test_bubble_is_r_minus_1_over_m_plus_r_minus_1(name, t_f, t_b):
         assert bubble(simulate(name, stages, m, t_f, t_b)) == pytest.approx(ideal_bubble(stages, m), abs=1e-12)
 
 
+def test_per_stage_costs_a_slow_stage_sets_the_pace():
+    even = simulate("gpipe", 3, 4, [1.0] * 3, [2.0] * 3)
+    assert even == simulate("gpipe", 3, 4, 1.0, 2.0)
+    # GPipe with one stage twice as slow: its 4 forwards and 4 backwards set the pace, and the
+    # others wait on it, so the bubble rises above (R-1)/(m+R-1).
+    slow = simulate("gpipe", 3, 4, [1.0, 2.0, 1.0], [2.0, 4.0, 2.0])
+    assert max(end for _, _, end in slow[0]) == 1 + 4 * 2 + 1 + 2 + 4 * 4 + 2  # = 30: fill, slow stage, drain
+    assert bubble(slow) > ideal_bubble(3, 4)
+
+
 def test_non_blocking_sends_never_deadlock_and_blocking_ones_do_in_1f1b():
     for stages, m in itertools.product(range(1, 7), range(1, 10)):
         for name in SCHEDULES:
