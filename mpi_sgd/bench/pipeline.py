@@ -10,10 +10,11 @@ each m in ``--micro-batches``, next to:
   stages at best takes ``unsplit / R`` of compute per step; with the bubble it takes
   ``unsplit * (m + R - 1) / (m * R)``, the ``ideal`` column.
 
-The default model (12 x 256 + head, batch 256) is sized so compute dominates: an activation
-message at m = 8 is 32 rows x 256 floats (32 KiB, microseconds over shared memory) against
-milliseconds of F or B; 256-wide weights stay in cache; and 32 rows per micro-batch keep the
-matrix products near their per-sample cost at full batch.
+The default model (12 x 256 + head, batch 512) is sized so compute dominates: an activation
+message at m = 8 is 64 rows x 256 floats (64 KiB, tens of microseconds over shared memory)
+against milliseconds of F or B; 256-wide weights stay in cache; and 64 rows per micro-batch keep
+the fixed cost of each op (the layer calls, autograd's bookkeeping, accumulating into ``.grad``)
+small next to its arithmetic.
 
 ``F+B ms`` is the compute of one stage per step (the mean over stages of the seconds in its F and
 B ops): it grows with m where small micro-batches make the matrix products less efficient.
@@ -108,6 +109,7 @@ def measure(comm, args) -> dict:
             "schedule": schedule, "m": m, "step_s": step, "step_s_min_rank": times[f"{schedule} m={m}"].min,
             "bubble": 1 - sum(b for b, _ in everyone) / sum(s for _, s in everyone),
             "compute_s": sum(b for b, _ in everyone) / (R * max(1, len(timed))), "replayed_bubble": replayed,
+            "per_op_s": per_op,
             "ideal_bubble": ideal_bubble(R, m), "ideal_step_s": unsplit * (m + R - 1) / (m * R),
             "speedup": unsplit / step,
         })  # fmt: skip
@@ -210,7 +212,7 @@ def add_parser(kinds) -> None:
     )
     p.add_argument("--width", type=positive_int, default=256, help="units per hidden layer (default 256)")
     p.add_argument("--depth", type=positive_int, default=12, help="hidden layers of --width units (default 12)")
-    p.add_argument("--batch-size", type=positive_int, default=256, help="samples per step (default 256)")
+    p.add_argument("--batch-size", type=positive_int, default=512, help="samples per step (default 512)")
     p.add_argument("--micro-batches", type=positive_ints, default=[1, 2, 4, 8],
                    help="comma-separated micro-batch counts m (default 1,2,4,8)")  # fmt: skip
     p.add_argument("--schedules", type=lambda s: s.split(","), default=list(SCHEDULES),
