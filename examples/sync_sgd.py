@@ -8,18 +8,21 @@ The same file runs as one process (`python examples/sync_sgd.py`) and on many ho
 (`mpiexec -n 4 -hosts a,b python examples/sync_sgd.py`).
 
 Try: --strategy naive|flat|bucketed, --optimizer adam, --dataset toy --model ffnet,
---grad-accum 4, --checkpoint ckpt.pt then --resume ckpt.pt, --metrics-json metrics.json.
+--dataset your.npz, --val-fraction 0.2, --grad-accum 4, --checkpoint ckpt.pt then
+--resume ckpt.pt, --metrics-json metrics.json.
 """
 
 import torch
 
 from mpi_sgd import comm as mpicomm
-from mpi_sgd import data, gradsync
+from mpi_sgd import data
 from mpi_sgd.args import ArgumentParser
+from mpi_sgd.checkpoint import CheckpointError
 from mpi_sgd.config import TrainConfig
 from mpi_sgd.launch import pin_threads, placement
-from mpi_sgd.models import build_model
-from mpi_sgd.trainer import Trainer, make_optimizer, write_json
+from mpi_sgd.models import build_model, check_input
+from mpi_sgd.report import write_json
+from mpi_sgd.trainer import Trainer
 
 parser = ArgumentParser(description=__doc__)
 TrainConfig.add_arguments(parser)
@@ -30,37 +33,38 @@ args = parser.parse_args()
 world = placement()
 try:
     cfg = TrainConfig.from_args(args)
-    dataset = data.load(cfg.dataset, cfg.seed)
-    data.check_size(len(dataset), world.size, cfg.batch_size)
+    cfg.check_machine(world.size)
+    train, val = data.prepare(cfg.dataset, cfg.seed, cfg.val_fraction)  # val: held out, same on every rank
+    data.check_size(len(train), world.size, cfg.batch_size)
     dtype, device = getattr(torch, cfg.dtype), torch.device(cfg.device)
+    # a CPU replica only to try the data's shape on; Trainer.from_config builds the real one
+    check_input(build_model(cfg.model, tuple(train.x.shape[1:]), train.num_outputs), train.x[:2], cfg.model)
 except (ValueError, RuntimeError) as e:
-    parser.error(str(e))
+    parser.fail(str(e))
 
 comm = mpicomm.init(cfg.backend)
 pin_threads(comm.local_size)  # ranks on one host share its cores instead of oversubscribing them
-dataset = dataset.to(dtype, device)
+train = train.to(dtype, device)
+val = val.to(dtype, device) if val is not None else None
 if comm.is_root:
-    task = "classification" if dataset.classification else "regression"
+    task = "classification" if train.classification else "regression, targets standardised"
     print(
-        f"{cfg.model} on {dataset.name} ({len(dataset)} samples, {task}); {comm.size} rank(s) x "
-        f"batch {cfg.batch_size} = effective batch {comm.size * cfg.batch_size}; "
+        f"{cfg.model} on {train.name} ({len(train)} samples, {len(val) if val else 0} held out; {task}); "
+        f"{comm.size} rank(s) x batch {cfg.batch_size} = effective batch {comm.size * cfg.batch_size}; "
         f"{cfg.strategy} gradient averaging over {comm.backend}"
     )
 
-# The same seed on every rank gives the same initial model; the broadcast from rank 0 makes it
-# certain. Afterwards each rank reseeds with seed + rank, since dropout masks must differ.
-torch.manual_seed(cfg.seed)
-model = build_model(cfg.model, tuple(dataset.x.shape[1:]), dataset.num_outputs).to(device, dtype)
-gradsync.broadcast_parameters(model, comm)
-torch.manual_seed(cfg.seed + comm.rank)
-
-optimizer = make_optimizer(cfg, model)
-sync = gradsync.make(cfg.strategy, model, comm, cfg.bucket_mb, events=[] if cfg.timeline else None)
-trainer = Trainer(model, optimizer, sync, dataset, comm, cfg)
+# What 05_sgd_by_hand.py writes out, from the library: one replica of cfg.model per rank, rank 0's
+# parameters broadcast to all (gradsync.broadcast_parameters), gradients averaged every step by
+# cfg.strategy (gradsync.make), and Trainer's loop of steps around them (Trainer.from_config).
+trainer = Trainer.from_config(cfg, train, comm, val=val)
 if cfg.resume:
-    trainer.load_checkpoint(cfg.resume)
+    try:
+        trainer.load_checkpoint(cfg.resume)  # the root reads it; every rank gets the same verdict
+    except CheckpointError as e:
+        parser.fail(str(e))
 
-metrics = trainer.train()
+metrics = trainer.train()  # a loss of inf or nan stops the job with a message (TrainingDiverged)
 timeline = trainer.timeline() if cfg.timeline else None
 
 if comm.is_root:
@@ -70,6 +74,6 @@ if comm.is_root:
         f"T_sync {1e3 * s['t_sync']:.2f} ms (slowest rank, mean after warm-up)"
     )
     if cfg.metrics_json:
-        write_json(metrics, cfg.metrics_json)
+        write_json(cfg.metrics_json, metrics)
     if cfg.timeline:
-        write_json(timeline, cfg.timeline)
+        write_json(cfg.timeline, timeline)

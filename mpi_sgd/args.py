@@ -16,6 +16,8 @@ from .launch import placement
 
 
 class ArgumentParser(argparse.ArgumentParser):
+    # Descriptions keep their line breaks (module docstrings serve as --help). Sub-commands'
+    # parsers are of this class too, so they need not say so.
     def __init__(self, *args, **kwargs):
         kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
         super().__init__(*args, **kwargs)
@@ -23,6 +25,11 @@ class ArgumentParser(argparse.ArgumentParser):
     def error(self, message: str):
         if placement().rank == 0:
             self.print_usage(sys.stderr)
+        self.fail(message)
+
+    def fail(self, message: str):
+        """A value this run cannot use (rather than a malformed command line): one line, no usage."""
+        if placement().rank == 0:
             sys.stderr.write(f"{self.prog}: error: {message}\n")
         sys.exit(2)
 
@@ -68,7 +75,7 @@ def positive_floats(text: str) -> list[float]:
 
 
 def positive_ints(text: str) -> list[int]:
-    """'784,1024,1024,10' -> [784, 1024, 1024, 10]: each at least 1, order and repeats kept."""
+    """'8,16,16,4' -> [8, 16, 16, 4]: each at least 1, order and repeats kept."""
     values = [positive_int(part.strip()) for part in text.split(",") if part.strip()]
     if not values:
         raise argparse.ArgumentTypeError(f"expected a comma-separated list of integers, got {text!r}")
@@ -82,7 +89,7 @@ def rank_list(text: str) -> list[int]:
 
 def nbytes(text: str) -> int:
     """'4096', '64KiB', '16MiB', '1GiB' -> bytes. 'MB' is read as MiB, as OSU does."""
-    from .bench.report import parse_bytes
+    from .report import parse_bytes
 
     try:
         return parse_bytes(text)

@@ -28,6 +28,9 @@ def _flag(default, help: str, type=None):
 class TrainConfig:
     model: str = _flag("simplenet", f"model to train: {', '.join(MODELS)}")
     dataset: str = _flag("digits", f"built-in dataset ({', '.join(BUILTIN)}) or a .npz/.pt file with arrays x, y")
+    val_fraction: float = _flag(
+        0.1, "fraction of the samples held out for validation, the same on every rank (0: none)"
+    )
     epochs: int = _flag(8, "passes over the dataset")
     batch_size: int = _flag(32, "samples per rank per step, B; the effective batch is R*B")
     grad_accum: int = _flag(1, "micro-batches per step (must divide --batch-size); one gradient sync per step")
@@ -49,7 +52,11 @@ class TrainConfig:
     timeline: str | None = _flag(
         None, "write a Chrome trace of every rank's forward, backward, allreduce, optimizer here", str
     )
-    progress: bool = _flag(True, "show a progress bar on the root rank")
+    progress: bool | None = _flag(
+        None,
+        "progress bar on the root rank: --progress always, --no-progress never; by default only on a terminal",
+        bool,
+    )
 
     def __post_init__(self):
         def check(ok: bool, message: str):
@@ -82,6 +89,37 @@ class TrainConfig:
         check(self.bucket_mb > 0, f"--bucket-mb must be positive, got {self.bucket_mb}")
         check(self.resume is None or os.path.isfile(self.resume), f"checkpoint {self.resume!r} does not exist")
         check(self.max_steps >= 0, f"--max-steps must be 0 or more, got {self.max_steps}")
+        check(0 <= self.val_fraction < 1, f"--val-fraction must be in [0, 1), got {self.val_fraction}")
+
+    def check_machine(self, world_size: int) -> None:
+        """Raise ValueError if this machine cannot run the configuration: its device or backend.
+
+        Called by every rank before any communicator exists, so a missing GPU or a torch built
+        without a backend is one message and exit status 2, not a traceback from every rank.
+        """
+        import torch
+
+        from .comm.buffers import cuda_aware_declared
+        from .comm.torch_dist import unavailable
+
+        try:
+            device = torch.device(self.device)
+        except RuntimeError:
+            raise ValueError(f"unknown --device {self.device!r}; e.g. cpu, cuda, cuda:1") from None
+        if device.type == "cuda" and not torch.cuda.is_available():
+            why = "this torch is a CPU build" if torch.version.cuda is None else "no GPU is visible"
+            raise ValueError(f"--device {self.device}: {why}; use --device cpu")
+        if self.backend in ("gloo", "mpi", "nccl") and unavailable(self.backend):
+            raise ValueError(f"--backend {self.backend} is not available: {unavailable(self.backend)}")
+        if self.backend == "nccl" and device.type != "cuda":
+            raise ValueError("--backend nccl moves GPU memory only: add --device cuda")
+        if self.backend == "mpi4py" and device.type == "cuda" and not cuda_aware_declared():
+            raise ValueError(
+                "--device cuda with --backend mpi4py needs a CUDA-aware MPI (then set MPI_SGD_CUDA_AWARE=1); "
+                "or use --backend nccl"
+            )
+        if self.backend == "local" and world_size > 1:
+            raise ValueError(f"--backend local is one process, but this job has {world_size}; use mpi4py or gloo")
 
     @classmethod
     def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
@@ -90,7 +128,7 @@ class TrainConfig:
             flag = "--" + f.name.replace("_", "-")
             default = None if f.default is MISSING else f.default
             help = f"{f.metadata['help']} (default: {default})"
-            if isinstance(default, bool):
+            if isinstance(default, bool) or f.metadata["type"] is bool:
                 parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default, help=help)
             else:
                 kind = f.metadata["type"] or type(default)

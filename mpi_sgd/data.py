@@ -14,6 +14,12 @@ every epoch, a different handful is left out each time and none is lost for good
 
 The same cut at ``(R, B)`` and at ``(1, R*B)`` yields the same global batches, which is what
 makes synchronous SGD on R ranks comparable sample for sample with one process at batch R*B.
+
+Held-out data (:func:`prepare`): before any of that, a fraction of the samples is set aside for
+validation by a permutation seeded by ``seed`` alone, so every rank holds out the same samples,
+every epoch. Regression targets are then standardised with the training part's mean and standard
+deviation: a loss of 1.0 is what always predicting the mean scores, whatever the units of the
+user's targets, and one default learning rate suits every task.
 """
 
 from __future__ import annotations
@@ -108,12 +114,16 @@ def from_file(path: str) -> Dataset:
     if missing:
         raise ValueError(f"data file {path!r} has no array named {' or '.join(missing)}; it needs 'x' and 'y'")
     x, y = arrays["x"], arrays["y"]
+    if x.ndim == 1:  # one feature per sample
+        x = x.reshape(-1, 1)
     if x.shape[0] != y.shape[0]:
         raise ValueError(f"data file {path!r}: x has {x.shape[0]} samples but y has {y.shape[0]}")
     if y.dtype.is_floating_point:
         y = y.reshape(len(y), -1).float()
     else:
         y = y.long().reshape(-1)
+        if len(y) and y.min() < 0:
+            raise ValueError(f"data file {path!r}: integer y are class indices and must be >= 0, found {int(y.min())}")
     return Dataset(x.float(), y, os.path.basename(path))
 
 
@@ -139,6 +149,45 @@ def load(name: str, seed: int = 0) -> Dataset:
     if name.endswith((".npz", ".pt")):
         return from_file(name)
     raise ValueError(f"unknown dataset {name!r}; choose one of {', '.join(BUILTIN)} or give a .npz/.pt path")
+
+
+def split(ds: Dataset, val_fraction: float, seed: int) -> tuple[Dataset, Dataset | None]:
+    """``(train, val)``: ``round(val_fraction * N)`` samples (at least one) held out, or ``val`` None at 0.
+
+    The held-out samples are drawn by a generator seeded by ``seed`` alone, so the split is the
+    same on every rank and in every epoch, and differs from the epochs' permutations.
+    """
+    if val_fraction <= 0:
+        return ds, None
+    n_val = max(1, round(val_fraction * len(ds)))
+    if n_val >= len(ds):
+        raise ValueError(f"--val-fraction {val_fraction} leaves no training samples out of {len(ds)}")
+    perm = torch.randperm(len(ds), generator=torch.Generator().manual_seed(2**40 + seed))
+    train, val = perm[n_val:].sort().values, perm[:n_val].sort().values
+    return Dataset(ds.x[train], ds.y[train], ds.name), Dataset(ds.x[val], ds.y[val], ds.name)
+
+
+def standardize_targets(train: Dataset, val: Dataset | None) -> tuple[Dataset, Dataset | None]:
+    """Regression targets minus the training mean, over the training standard deviation (per output).
+
+    Targets in the user's units can be any size; squared errors of targets with a standard deviation
+    of 7 are ~50 times larger than those of unit ones, and so are the gradients, which is enough to
+    send SGD at a learning rate that suits unit targets to ``nan``. Classification is left alone.
+    """
+    if train.classification:
+        return train, val
+    mean, std = train.y.mean(0), train.y.std(0, correction=0).clamp_min(1e-12)
+
+    def scaled(ds: Dataset) -> Dataset:
+        return Dataset(ds.x, (ds.y - mean) / std, ds.name)
+
+    return scaled(train), scaled(val) if val is not None else None
+
+
+def prepare(name: str, seed: int = 0, val_fraction: float = 0.0) -> tuple[Dataset, Dataset | None]:
+    """What the trainer is given: :func:`load`, then :func:`split`, then :func:`standardize_targets`."""
+    train, val = split(load(name, seed), val_fraction, seed)
+    return standardize_targets(train, val)
 
 
 def check_size(n: int, world_size: int, batch_size: int) -> int:

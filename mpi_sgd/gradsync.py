@@ -25,8 +25,8 @@ Use: ``sync.zero_grad()``; for each micro-batch ``with sync.accumulate(last=...)
 
 Where the 1/R goes. The naive strategy sums and then divides every gradient element by R, as the
 formula reads. The flat and bucketed ones fold 1/R into the loss instead (``loss_scale``): one
-scalar multiply before backward replaces a pass over all gradients after the sum (0.4 ms for
-the 7.5 MB of the benchmark MLP on this kind of CPU). Backward is linear in the loss, so the
+scalar multiply before backward replaces a pass over all gradients after the sum, a pass that
+costs as much as reading and writing every gradient once. Backward is linear in the loss, so the
 result differs from dividing afterwards only by rounding (not at all when R is a power of two).
 """
 
@@ -58,7 +58,7 @@ def broadcast_parameters(model: nn.Module, comm, root: int = 0) -> None:
 class GradSync:
     """What the trainer calls; subclasses fill in how the averaging is done."""
 
-    def __init__(self, model: nn.Module, comm, events: list | None = None):
+    def __init__(self, model: nn.Module, comm=None, events: list | None = None):
         self.model, self.comm = model, comm
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.seconds = 0.0  # time blocked in communication since the last reset
@@ -81,9 +81,23 @@ class GradSync:
         """Return once every ``param.grad`` holds the average over all ranks."""
         raise NotImplementedError
 
-    def _record(self, name: str, start: float, end: float) -> None:
+    def record(self, name: str, start: float, end: float) -> None:
+        """Add an event to the timeline, if one is kept (the trainer's steps add theirs too)."""
         if self.events is not None:
             self.events.append((name, start, end - start))
+
+
+class LocalGradients(GradSync):
+    """No averaging: every process keeps its own gradients.
+
+    Not a strategy for R > 1 ranks (their replicas would drift apart), so not in
+    :data:`STRATEGIES`. It is what one process trains with (``bench grid``, timing T_comp in
+    calibration), the no-communication floor ``bench sgd`` compares with, and the right choice
+    under torch's DistributedDataParallel, which averages inside backward by itself.
+    """
+
+    def wait(self) -> None:
+        pass
 
 
 class NaiveAllReduce(GradSync):
@@ -97,7 +111,7 @@ class NaiveAllReduce(GradSync):
             self.comm.allreduce(p.grad, "avg")
         t1 = time.perf_counter()
         self.seconds += t1 - t0
-        self._record("allreduce", t0, t1)
+        self.record("allreduce", t0, t1)
 
 
 class _Bucket:
@@ -106,8 +120,7 @@ class _Bucket:
     A *solo* bucket holds a single tensor (one too large to share a bucket, usually). It needs no
     shared buffer: its buffer is the gradient tensor autograd produced, reduced in place. A view
     into a shared buffer would cost a zeroing pass and an accumulating add per step instead of
-    autograd simply handing its fresh tensor over (0.45 ms for 7.5 MB here, 5% of the benchmark
-    MLP's step).
+    autograd simply handing its fresh tensor over: two passes over the gradient's memory per step.
     """
 
     __slots__ = ("buffer", "params", "solo", "name", "pending", "request", "started", "finished")
@@ -183,7 +196,7 @@ class FlatAllReduce(GradSync):
             self.comm.allreduce(b.buffer, "sum")
         t1 = time.perf_counter()
         self.seconds += t1 - t0
-        self._record("allreduce", t0, t1)
+        self.record("allreduce", t0, t1)
 
 
 class BucketedAllReduce(FlatAllReduce):
@@ -209,7 +222,8 @@ class BucketedAllReduce(FlatAllReduce):
         self._next = 0  # the next bucket to start
         self._in_flight: list[_Bucket] = []
         bucket_of = {id(p): b for b in self.buckets for p in b.params}
-        self._hooks = [p.register_post_accumulate_grad_hook(self._make_hook(bucket_of[id(p)])) for p in self.params]
+        for p in self.params:
+            p.register_post_accumulate_grad_hook(self._make_hook(bucket_of[id(p)]))
 
     def _make_hook(self, bucket: _Bucket):
         def hook(_param):
@@ -243,16 +257,12 @@ class BucketedAllReduce(FlatAllReduce):
                 b.request.wait()
                 b.finished = time.perf_counter()
             # from start to the moment this rank saw it complete (a later poll or this wait)
-            self._record(b.name, b.started, b.finished)
+            self.record(b.name, b.started, b.finished)
         self.seconds += time.perf_counter() - t0
         self._in_flight.clear()
         self._next = 0
         for b in self.buckets:
             b.pending, b.finished = len(b.params), None
-
-    def remove_hooks(self) -> None:
-        for h in self._hooks:
-            h.remove()
 
 
 def make(strategy: str, model: nn.Module, comm, bucket_mb: float = 1.0, events: list | None = None) -> GradSync:

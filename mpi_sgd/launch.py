@@ -76,18 +76,26 @@ def placement(env: Mapping[str, str] | None = None) -> Placement:
     return Placement(0, 1, 0, 1, "none")
 
 
+class JobError(RuntimeError):
+    """A failure whose message says all there is to say: reported without a traceback."""
+
+
 def install_abort_hook(comm) -> None:
     """Make an uncaught exception on any rank end the whole job, naming the rank.
 
     Without this, a rank that raises simply exits while the others wait in their next
     collective forever. ``python -m mpi4py script.py`` does the same; this hook makes plain
-    ``mpiexec python script.py`` safe as well.
+    ``mpiexec python script.py`` safe as well. A :class:`JobError` prints its message alone.
     """
-    if comm.size == 1:
-        return
 
     def hook(kind, value, tb):
-        text = "".join(traceback.format_exception(kind, value, tb))
+        if issubclass(kind, JobError):
+            text = f"{value}\n"
+        else:
+            text = "".join(traceback.format_exception(kind, value, tb))
+        if comm.size == 1:  # nobody to wait for: report and let the process exit with status 1
+            sys.stderr.write(text)
+            return
         sys.stderr.write(
             f"mpi_sgd: rank {comm.rank} of {comm.size} on {socket.gethostname()} failed; aborting the job.\n{text}"
         )

@@ -1,9 +1,10 @@
 """The models the examples, tests and benchmarks train.
 
-* :class:`FFNet`: a fully connected net whose depth and width are knobs, the model used to show
-  how training time grows with model size (one hidden layer in, ``num_hl`` more, one out).
-* :class:`MLP`: a plain multilayer perceptron given by its layer widths; ``784-1024-1024-10`` is
-  the benchmark model (1.86 M parameters, 7.5 MB of float32 gradients per step).
+* :class:`MLP`: a plain multilayer perceptron given by its layer widths. :data:`BENCHMARK_MLP`
+  is the benchmark model (1.86 M parameters, 7.5 MB of float32 gradients per step): what
+  ``--model mlp`` builds for 784 features and 10 classes.
+* :class:`FFNet`: the MLP with its depth and width as knobs, the model used to show how training
+  time grows with model size (one hidden layer in, ``num_hl`` more, one out).
 * :class:`SimpleNet`: ``784-256-256-10`` with dropout 0.2 after each hidden layer.
 * :class:`LeNet`: two convolutions and three linear layers in the shape of LeCun et al. (1998),
   shrunk to fit the 8x8 digits (padding keeps the feature maps from vanishing).
@@ -20,28 +21,17 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-
-class FFNet(nn.Module):
-    """``input_size -> hl_size -> (num_hl x hl_size) -> num_outputs`` with ReLU in between."""
-
-    def __init__(self, input_size: int = 100, num_hl: int = 0, hl_size: int = 10, num_outputs: int = 1):
-        super().__init__()
-        self.fc_in = nn.Linear(input_size, hl_size)
-        self.hidden = nn.ModuleList(nn.Linear(hl_size, hl_size) for _ in range(num_hl))
-        self.fc_out = nn.Linear(hl_size, num_outputs)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        z = F.relu(self.fc_in(x.flatten(1)))
-        for layer in self.hidden:
-            z = F.relu(layer(z))
-        return self.fc_out(z)
+MLP_HIDDEN = (1024, 1024)  # the hidden widths of --model mlp
+BENCHMARK_MLP = (784, *MLP_HIDDEN, 10)  # --model mlp on 784 features and 10 classes (blobs)
 
 
 class MLP(nn.Module):
     """Linear layers of the given widths, ReLU between them, optional dropout after each hidden one."""
 
-    def __init__(self, sizes: tuple[int, ...] = (784, 1024, 1024, 10), dropout: float = 0.0):
+    def __init__(self, sizes: tuple[int, ...] = BENCHMARK_MLP, dropout: float = 0.0):
         super().__init__()
+        if len(sizes) < 2:
+            raise ValueError(f"an MLP needs at least an input and an output width, got {list(sizes)}")
         self.layers = nn.ModuleList(nn.Linear(a, b) for a, b in zip(sizes[:-1], sizes[1:], strict=True))
         self.dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
 
@@ -50,6 +40,13 @@ class MLP(nn.Module):
         for layer in self.layers[:-1]:
             z = self.dropout(F.relu(layer(z)))
         return self.layers[-1](z)
+
+
+class FFNet(MLP):
+    """``input_size -> hl_size -> (num_hl x hl_size) -> num_outputs`` with ReLU in between."""
+
+    def __init__(self, input_size: int = 100, num_hl: int = 0, hl_size: int = 10, num_outputs: int = 1):
+        super().__init__((input_size, *[hl_size] * (num_hl + 1), num_outputs))
 
 
 class SimpleNet(MLP):
@@ -89,14 +86,32 @@ def build_model(name: str, input_shape: tuple[int, ...], num_outputs: int) -> nn
     if name == "ffnet":
         return FFNet(features, num_hl=2, hl_size=64, num_outputs=num_outputs)
     if name == "mlp":
-        return MLP((features, 1024, 1024, num_outputs))
+        return MLP((features, *MLP_HIDDEN, num_outputs))
     if name == "simplenet":
         return SimpleNet(features, num_classes=num_outputs)
     if name == "lenet":
-        side = math.isqrt(features)
-        if side * side != features or side < 4:
+        # Convolutions need neighbouring pixels: a flat feature vector is refused, not guessed into a square.
+        image = input_shape[-2:] if len(input_shape) in (2, 3) and input_shape[:-2] in ((), (1,)) else None
+        if image is None or image[0] != image[1] or image[0] < 4:
             raise ValueError(
-                f"lenet needs square one-channel images of side >= 4; inputs here have {features} features"
+                f"--model lenet needs square one-channel images, samples of shape (1, H, H) or (H, H) with "
+                f"H >= 4; these samples have shape {tuple(input_shape)} (use ffnet, mlp or simplenet)"
             )
-        return LeNet(side, num_outputs)
+        return LeNet(image[0], num_outputs)
     raise ValueError(f"unknown model {name!r}; choose one of {', '.join(MODELS)}")
+
+
+def check_input(model: nn.Module, x: torch.Tensor, name: str) -> None:
+    """Run two samples of ``x`` through ``model`` (no gradient, dropout off), so that inputs the model
+    cannot take fail here, in one line, rather than in the first training step on every rank."""
+    training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            model(x[:2])
+    except RuntimeError as e:
+        raise ValueError(
+            f"--model {name} cannot take samples of shape {tuple(x.shape[1:])}: {str(e).splitlines()[0]}"
+        ) from None
+    finally:
+        model.train(training)

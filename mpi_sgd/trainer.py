@@ -10,25 +10,35 @@ epoch, with N samples ([S-SGD]):
 and both terms are measured for every step: ``t_sync`` is the time the step spent blocked in
 gradient communication (``GradSync.seconds``), ``t_comp`` the rest of the step (forward,
 backward, optimizer). Distributed training pays off when T_sync / T_comp < R - 1.
+
+After each epoch the model is scored on the held-out ``val`` set (dropout off): each rank takes
+an even share of it, and the sums travel in the same small all-reduce as the epoch's training
+loss, so validation costs no extra message.
 """
 
 from __future__ import annotations
 
-import json
+import math
 import statistics
+import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 
 import torch
 from torch.nn import functional as F
 from tqdm import tqdm
 
-from . import checkpoint, data
+from . import checkpoint, data, gradsync
+from .comm import split_counts
 from .config import TrainConfig
 from .gradsync import GradSync
-from .timeline import chrome_trace
+from .launch import JobError
+from .models import build_model
+from .timing import WARMUP_STEPS, chrome_trace
 
-WARMUP_STEPS = 5  # left out of the timing summary: first steps pay for allocation and caches
+
+class TrainingDiverged(JobError):
+    """The loss is no longer a finite number: every later step would train on garbage."""
 
 
 def make_optimizer(cfg: TrainConfig, model: torch.nn.Module) -> torch.optim.Optimizer:
@@ -37,17 +47,69 @@ def make_optimizer(cfg: TrainConfig, model: torch.nn.Module) -> torch.optim.Opti
     return torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum)
 
 
+@dataclass(frozen=True)
+class Step:
+    """What one optimizer step took, and the sums behind its loss and accuracy on this rank."""
+
+    t_comp: float  # forward, backward and optimizer: everything but waiting for gradients
+    t_sync: float  # blocked in gradient communication
+    stats: torch.Tensor  # float64 (loss summed over samples, correct predictions, samples)
+
+    @property
+    def seconds(self) -> float:
+        return self.t_comp + self.t_sync
+
+
+def train_step(model, optimizer, sync: GradSync, x: torch.Tensor, y: torch.Tensor, grad_accum: int = 1) -> Step:
+    """One optimizer step on this rank's batch: the step the trainer runs and every benchmark times.
+
+    Cross-entropy for class indices, mean squared error for float targets. The batch is split into
+    ``grad_accum`` micro-batches whose gradients accumulate; ``sync`` averages them over the ranks
+    once, after the last (:class:`~mpi_sgd.gradsync.LocalGradients` where nothing is averaged).
+    """
+    classification = not y.dtype.is_floating_point
+    loss_fn = F.cross_entropy if classification else F.mse_loss
+    start = time.perf_counter()
+    sync.seconds = 0.0
+    sync.zero_grad()
+    stats = torch.zeros(3, dtype=torch.float64)
+    for i, (xm, ym) in enumerate(zip(x.chunk(grad_accum), y.chunk(grad_accum), strict=True)):
+        with sync.accumulate(last=i == grad_accum - 1):
+            t0 = time.perf_counter()
+            out = model(xm)
+            loss = loss_fn(out, ym)
+            t1 = time.perf_counter()
+            # mean over B/k samples, divided by k: the k micro-batches sum to the mean over B
+            (loss * (sync.loss_scale / grad_accum)).backward()
+            sync.record("forward", t0, t1)
+            sync.record("backward", t1, time.perf_counter())
+        with torch.no_grad():
+            stats[0] += loss.detach().double() * len(ym)
+            if classification:
+                stats[1] += (out.argmax(1) == ym).sum()
+            stats[2] += len(ym)
+    sync.wait()
+    t0 = time.perf_counter()
+    optimizer.step()
+    end = time.perf_counter()
+    sync.record("optimizer", t0, end)
+    return Step(end - start - sync.seconds, sync.seconds, stats)
+
+
 class Trainer:
-    """Synchronous SGD on ``comm``: ``train()`` runs epochs of :meth:`_run_batch` steps.
+    """Synchronous SGD on ``comm``: ``train()`` runs epochs of :func:`train_step`.
 
     ``model`` must start identical on every rank (see :func:`mpi_sgd.gradsync.broadcast_parameters`)
     and ``sync`` be the gradient strategy built for it; the trainer zeroes gradients through
     ``sync``, since flat and bucketed gradients are views that ``optimizer.zero_grad()`` would drop.
+    :meth:`from_config` builds all of that from a :class:`TrainConfig`. ``val``, if given, is
+    scored after every epoch (see :func:`mpi_sgd.data.prepare` for the split).
     """
 
-    def __init__(self, model, optimizer, sync: GradSync, dataset: data.Dataset, comm, cfg: TrainConfig):
+    def __init__(self, model, optimizer, sync: GradSync, dataset: data.Dataset, comm, cfg: TrainConfig,
+                 val: data.Dataset | None = None):  # fmt: skip
         self.model, self.optimizer, self.sync, self.comm, self.cfg = model, optimizer, sync, comm, cfg
-        self.dataset = dataset
+        self.dataset, self.val = dataset, val
         self.loss_fn = F.cross_entropy if dataset.classification else F.mse_loss
         self.steps_per_epoch = data.check_size(len(dataset), comm.size, cfg.batch_size)
         self.epoch = self.step_in_epoch = self.step = 0
@@ -59,55 +121,47 @@ class Trainer:
             comm.barrier()  # so every rank's timeline starts from (nearly) the same instant
         self._t0 = time.perf_counter()
 
-    def _record(self, name: str, start: float, end: float) -> None:
-        if self.events is not None:
-            self.events.append((name, start, end - start))
+    @classmethod
+    def from_config(cls, cfg: TrainConfig, dataset: data.Dataset, comm, val: data.Dataset | None = None) -> Trainer:
+        """``cfg.model`` trained on ``dataset`` (already in its dtype, on its device), one replica per rank.
+
+        The same seed on every rank gives the same initial model; the broadcast from rank 0 makes it
+        certain. Afterwards each rank reseeds with ``seed + rank``, since dropout masks must differ.
+        """
+        torch.manual_seed(cfg.seed)
+        model = build_model(cfg.model, tuple(dataset.x.shape[1:]), dataset.num_outputs)
+        model = model.to(dataset.x.device, dataset.x.dtype)
+        gradsync.broadcast_parameters(model, comm)
+        torch.manual_seed(cfg.seed + comm.rank)
+        sync = gradsync.make(cfg.strategy, model, comm, cfg.bucket_mb, events=[] if cfg.timeline else None)
+        return cls(model, make_optimizer(cfg, model), sync, dataset, comm, cfg, val=val)
 
     def _run_batch(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """One optimizer step on this rank's batch; returns (loss sum, correct, samples) to log."""
-        k = self.cfg.grad_accum
-        start = time.perf_counter()
-        self.sync.seconds = 0.0
-        self.sync.zero_grad()
-        stats = torch.zeros(3, dtype=torch.float64)
-        for i, (xm, ym) in enumerate(zip(x.chunk(k), y.chunk(k), strict=True)):
-            with self.sync.accumulate(last=i == k - 1):
-                t0 = time.perf_counter()
-                out = self.model(xm)
-                loss = self.loss_fn(out, ym)
-                t1 = time.perf_counter()
-                # mean over B/k samples, divided by k: the k micro-batches sum to the mean over B
-                (loss * (self.sync.loss_scale / k)).backward()
-                self._record("forward", t0, t1)
-                self._record("backward", t1, time.perf_counter())
-            with torch.no_grad():
-                stats[0] += loss.detach().double() * len(ym)
-                if self.dataset.classification:
-                    stats[1] += (out.argmax(1) == ym).sum()
-                stats[2] += len(ym)
-        self.sync.wait()
-        t0 = time.perf_counter()
-        self.optimizer.step()
-        end = time.perf_counter()
-        self._record("optimizer", t0, end)
-        self.t_sync.append(self.sync.seconds)
-        self.t_comp.append(end - start - self.sync.seconds)
-        return stats
+        """One step on this rank's batch, its times kept; returns (loss sum, correct, samples) to log."""
+        step = train_step(self.model, self.optimizer, self.sync, x, y, self.cfg.grad_accum)
+        self.t_comp.append(step.t_comp)
+        self.t_sync.append(step.t_sync)
+        return step.stats
 
     def _run_epoch(self, epoch: int) -> None:
         cfg, comm = self.cfg, self.comm
         batches = data.rank_batches(len(self.dataset), comm.rank, comm.size, cfg.batch_size, epoch, cfg.seed)
         stats = torch.zeros(3, dtype=torch.float64)
         started = time.perf_counter()
+        # A bar of \r updates is for a terminal; in a log file it is noise (under mpiexec, rank 0's
+        # output reaches the terminal through a pipe, so the default shows none: --progress forces it).
+        show = cfg.progress if cfg.progress is not None else sys.stderr.isatty()
         bar = tqdm(
             range(self.step_in_epoch, self.steps_per_epoch),
             desc=f"epoch {epoch}",
             leave=False,
-            disable=not (comm.is_root and cfg.progress),
+            disable=not (comm.is_root and show),
         )
         for s in bar:
             idx = batches[s]
-            stats += self._run_batch(self.dataset.x[idx], self.dataset.y[idx])
+            step_stats = self._run_batch(self.dataset.x[idx], self.dataset.y[idx])
+            self._check_finite(step_stats[0].item() / step_stats[2].item())
+            stats += step_stats
             self.step += 1
             self.step_in_epoch = s + 1
             if comm.is_root and s % 10 == 0:
@@ -115,15 +169,53 @@ class Trainer:
             if self._done():
                 break
         bar.close()
-        # Loss and accuracy over all R*B samples of the epoch: one small all-reduce per epoch.
+        # Loss and accuracy over all R*B samples of the epoch and over the held-out set: one small
+        # all-reduce per epoch.
+        stats = torch.cat([stats, self._evaluate()])
         comm.allreduce(stats, "sum")
-        loss, correct, n = stats.tolist()
+        loss, correct, n, val_loss, val_correct, val_n = stats.tolist()
+        classification = self.dataset.classification
         row = {"epoch": epoch, "loss": loss / max(n, 1), "seconds": time.perf_counter() - started}
-        row["accuracy"] = correct / max(n, 1) if self.dataset.classification else None
+        row["accuracy"] = correct / max(n, 1) if classification else None
+        row["val_loss"] = val_loss / val_n if val_n else None
+        row["val_accuracy"] = val_correct / val_n if val_n and classification else None
         self.history.append(row)
         if comm.is_root:
-            acc = f"  accuracy {row['accuracy']:.3f}" if row["accuracy"] is not None else ""
-            print(f"epoch {epoch:3d}  loss {row['loss']:.4f}{acc}  ({row['seconds']:.1f} s)", flush=True)
+            text = f"epoch {epoch:3d}  loss {row['loss']:.4f}"
+            text += f"  accuracy {row['accuracy']:.3f}" if classification else ""
+            text += f"  val loss {row['val_loss']:.4f}" if val_n else ""
+            text += f"  val accuracy {row['val_accuracy']:.3f}" if val_n and classification else ""
+            print(f"{text}  ({row['seconds']:.1f} s)", flush=True)
+
+    def _check_finite(self, loss: float) -> None:
+        """Stop at the first step whose loss is inf or nan, on the rank that sees it."""
+        if not math.isfinite(loss):
+            raise TrainingDiverged(
+                f"training diverged: loss {loss} in step {self.step + 1} (epoch {self.epoch}) on rank "
+                f"{self.comm.rank}; try a lower --lr than {self.cfg.lr}"
+            )
+
+    @torch.no_grad()
+    def _evaluate(self, chunk: int = 1024) -> torch.Tensor:
+        """(loss sum, correct, samples) of this rank's share of ``val``, dropout off; zeros without one."""
+        stats = torch.zeros(3, dtype=torch.float64)
+        if self.val is None:
+            return stats
+        counts = split_counts(len(self.val), self.comm.size)
+        start = sum(counts[: self.comm.rank])
+        end = start + counts[self.comm.rank]
+        training = self.model.training
+        self.model.eval()
+        for i in range(start, end, chunk):
+            j = min(i + chunk, end)
+            x, y = self.val.x[i:j], self.val.y[i:j]
+            out = self.model(x)
+            stats[0] += self.loss_fn(out, y).double() * len(y)  # the training loss's mean, times samples
+            if self.dataset.classification:
+                stats[1] += (out.argmax(1) == y).sum()
+            stats[2] += len(y)
+        self.model.train(training)
+        return stats
 
     def _done(self) -> bool:
         return 0 < self.cfg.max_steps <= self.step
@@ -155,19 +247,27 @@ class Trainer:
             checkpoint.save_atomic(state, path)
 
     def load_checkpoint(self, path: str) -> None:
+        """Resume from ``path``. Raises :class:`~mpi_sgd.checkpoint.CheckpointError`, on every rank
+        alike, for a file that cannot be read, one written for another model or optimizer, and one
+        that leaves nothing to train within ``--epochs``/``--max-steps``."""
         state = checkpoint.load(path, self.comm)
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        checkpoint.restore(state, self.model, self.optimizer, path)
         self.epoch, self.step_in_epoch, self.step = state["epoch"], state["step_in_epoch"], state["step"]
         if state["world_size"] == self.comm.size:
             torch.set_rng_state(state["rng"][self.comm.rank])
-            return
-        # A different world size: training goes on correctly but not bit for bit. Each rank gets a
-        # fresh dropout stream, and an epoch cut at the old R*B cannot be continued at the new one,
-        # so an interrupted epoch is left and the next one starts.
-        torch.manual_seed(self.cfg.seed + self.comm.rank + 1_000_003 * self.step)
-        if self.step_in_epoch:
-            self.epoch, self.step_in_epoch = self.epoch + 1, 0
+        else:
+            # A different world size: training goes on correctly but not bit for bit. Each rank gets a
+            # fresh dropout stream, and an epoch cut at the old R*B cannot be continued at the new one,
+            # so an interrupted epoch is left and the next one starts.
+            torch.manual_seed(self.cfg.seed + self.comm.rank + 1_000_003 * self.step)
+            if self.step_in_epoch:
+                self.epoch, self.step_in_epoch = self.epoch + 1, 0
+        if self.epoch >= self.cfg.epochs or self._done():
+            limit = f"--epochs {self.cfg.epochs}" + (f" --max-steps {self.cfg.max_steps}" if self.cfg.max_steps else "")
+            raise checkpoint.CheckpointError(
+                f"checkpoint {path!r} is already at epoch {self.epoch}, step {self.step}: nothing is left to train "
+                f"with {limit}; raise {'them' if self.cfg.max_steps else 'it'} to train on"
+            )
 
     # -- measurements -----------------------------------------------------------------------
     def metrics(self) -> dict:
@@ -175,8 +275,9 @@ class Trainer:
 
         * ``world_size``, ``backend``, ``effective_batch`` (R*B), ``steps_per_epoch``, ``steps``
           (optimizer steps done, counting those before a resume), ``config`` (every flag);
-        * ``epochs``: ``[{"epoch", "loss", "accuracy" (null for regression), "seconds"}]``, loss and
-          accuracy averaged over all R*B samples of every step of the epoch;
+        * ``epochs``: ``[{"epoch", "loss", "accuracy" (null for regression), "val_loss",
+          "val_accuracy" (null without a held-out set), "seconds"}]``, loss and accuracy averaged
+          over all R*B samples of every step of the epoch, the val ones over the held-out set after it;
         * ``t_comp``, ``t_sync``: one list per rank (index = rank), one entry per step run by this
           launch: ``t_sync`` the time blocked in gradient communication, ``t_comp`` the rest of the
           step (forward, backward, optimizer), so ``t_comp + t_sync`` is the step time;
@@ -217,8 +318,3 @@ class Trainer:
         ranks left a common barrier when the trainer was made.
         """
         return chrome_trace(self.comm, self.events or [], self._t0)
-
-
-def write_json(obj, path: str) -> None:
-    with open(path, "w") as f:
-        json.dump(obj, f, indent=1)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from mpi_sgd.launch import placement
+
 DTYPES = ("float32", "float64", "int32", "int64")
 
 
@@ -55,3 +57,12 @@ def assert_close(got, op: str, size: int, n: int, dtype: str) -> None:
         f"{op} over {size} ranks, {n} x {dtype}: {bad.size} element(s) off, first at {bad[0]}: "
         f"got {got[bad[0]]!r}, want {ref[bad[0]]!r} (tolerance {np.broadcast_to(tol, err.shape)[bad[0]]:.3g})"
     )
+
+
+def prints_usage_errors() -> bool:
+    """Whether this process is the one that prints usage errors: rank 0 of the job it runs in.
+
+    Under ``mpirun -n 2 pytest --with-mpi`` every rank runs the unit tests too, and a bad command
+    line is reported by rank 0 alone (``mpi_sgd.args``): other ranks exit 2 and print nothing.
+    """
+    return placement().rank == 0

@@ -5,7 +5,7 @@ For each power-of-two message size it times, interleaved in one run (see :mod:`.
 * ``raw``  ``MPI.Comm.Allreduce(IN_PLACE, ndarray)``: the floor any Python wrapper stands on;
 * ``seam`` ``comm.allreduce(tensor)`` on a torch tensor from :func:`mpi_sgd.comm.buffers.zeros`,
   as the trainer's gradient buffers are (``seam-torchalloc``: on torch's own allocator, which
-  gets no huge pages; see that function for why that costs 10-35% on large messages);
+  gets no huge pages; see that function for why that costs time on large messages);
 * ``ring`` :func:`mpi_sgd.collectives.ring_allreduce`, the teaching ring over send/recv;
 * ``gloo`` ``torch.distributed.all_reduce`` with gloo (and ``nccl`` on GPUs when present).
 
@@ -22,12 +22,12 @@ import numpy as np
 import torch
 
 from ..collectives import ring_allreduce
-from ..comm import Communicator
+from ..comm import TORCH_BACKENDS, Communicator
 from ..comm.buffers import zeros
-from .report import human_bytes, markdown_table, new_figure, save_results
-from .timing import osu_iterations, time_interleaved
+from ..report import human_bytes, markdown_table, new_figure, save_results
+from ..timing import osu_iterations, time_interleaved
 
-IMPLS = ("raw", "seam", "seam-torchalloc", "ring", "gloo", "nccl")
+IMPLS = ("raw", "seam", "seam-torchalloc", "ring", *TORCH_BACKENDS)
 
 
 def sizes(min_bytes: int, max_bytes: int) -> list[int]:
@@ -76,7 +76,7 @@ def run(
     """Sweep the sizes; returns one dict per (size, impl) with seconds and bandwidths."""
     from ..comm.torch_dist import TorchDistComm
 
-    peers = {name: TorchDistComm(name, comm) for name in impls if name in ("gloo", "nccl", "mpi")}
+    peers = {name: TorchDistComm(name, comm) for name in impls if name in TORCH_BACKENDS}
     sync = torch.cuda.synchronize if "nccl" in peers else None
     rows = []
     for nbytes in sizes(min_bytes, max_bytes):

@@ -8,13 +8,13 @@ from __future__ import annotations
 import argparse
 
 from ..args import nbytes, positive_int
+from ..comm import TORCH_BACKENDS
+from ..report import add_output_arguments
 from . import grid, pipeline, sgd, validate, workers
-from .report import add_output_arguments
+from .allreduce import IMPLS
 
 
 def _impls(text: str) -> list[str]:
-    from .allreduce import IMPLS
-
     names = [s.strip() for s in text.split(",") if s.strip()]
     bad = [n for n in names if n not in IMPLS]
     if bad or not names:
@@ -27,7 +27,7 @@ def _run_allreduce(args) -> int:
     from ..comm.torch_dist import backend_available
     from . import allreduce
 
-    missing = [i for i in args.impls if i in ("gloo", "nccl", "mpi") and not backend_available(i)]
+    missing = [i for i in args.impls if i in TORCH_BACKENDS and not backend_available(i)]
     if missing:  # decided identically on every rank, before any communication
         args.parser.error(f"torch.distributed backend(s) not available in this torch: {', '.join(missing)}")
     if args.min_bytes > args.max_bytes:
@@ -52,7 +52,7 @@ def add_parser(subparsers) -> None:
         "--impls",
         type=_impls,
         default=["raw", "seam", "ring", "gloo"],
-        help="comma-separated implementations to time: raw,seam,ring,gloo,nccl (default raw,seam,ring,gloo)",
+        help=f"comma-separated implementations to time: {','.join(IMPLS)} (default raw,seam,ring,gloo)",
     )
     p.add_argument(
         "--iterations",

@@ -3,16 +3,17 @@
     mpi-sgd bench grid                 # models 0x10, 3x100, 3x400 by 16384 and 131072 samples
     mpi-sgd bench grid --tiny          # seconds, for tests
 
-Each cell trains a feed-forward net (100 inputs, ``L`` hidden layers of width ``W``, one output;
-MSE loss, SGD with momentum, batch 32 as in the seed) on random data for ``--epochs`` epochs and
-reports the median of ``--repeats`` runs. [DDP-scaling]'s point is that time grows with the product
-of model and data, not their sum: 10x the parameters and 10x the samples cost about 100x, which
-is what drives training onto more than one process. The table shows each cell's time relative
+Each cell trains :class:`~mpi_sgd.models.FFNet` (100 inputs, ``L`` hidden layers of width ``W``,
+one output; MSE loss, SGD with momentum, batch 32 as in the seed) with the trainer's own step
+on random data for ``--epochs`` epochs and reports the median of ``--repeats`` runs.
+[DDP-scaling]'s point is that time grows with the product of model and data, not their sum: 10x
+the parameters and 10x the samples cost about 100x, which is what drives training onto more than
+one process. The table shows each cell's time relative
 to the smallest cell beside the ratio of parameters x samples.
 
 One process, no communication: run it with plain ``mpi-sgd bench grid``. Data are tensors
-sliced into batches (no DataLoader), so the figures are the model's compute plus a fixed Python
-cost per step, which dominates the smallest models. torch runs one thread unless ``--threads``
+sliced into batches (no DataLoader), so the figures are the model's compute plus the step's fixed
+Python cost, which dominates the smallest models. torch runs one thread unless ``--threads``
 says otherwise: these models are too small to gain from more, and on a busy machine idle
 intra-op threads spin against other jobs and slow small steps tenfold.
 """
@@ -24,7 +25,8 @@ import statistics
 import time
 
 from ..args import positive_int, rank_list
-from .report import add_output_arguments, markdown_table, new_figure, save_results
+from ..report import add_output_arguments, markdown_table, new_figure, save_results
+from ..timing import WARMUP_STEPS
 
 INPUTS = 100
 
@@ -47,23 +49,23 @@ def train_seconds(layers: int, width: int, samples: int, batch: int, epochs: int
     """Median wall seconds to train one freshly built model for ``epochs``; and its parameter count."""
     import torch
 
-    from ..calibrate import mlp
+    from ..gradsync import LocalGradients
+    from ..models import FFNet
+    from ..trainer import train_step
 
     torch.manual_seed(0)
     x, y = torch.randn(samples, INPUTS), torch.randn(samples, 1)
-    loss_fn = torch.nn.MSELoss()
     times = []
     for rep in range(repeats + 1):
-        model = mlp((INPUTS,) + (width,) * (layers + 1) + (1,))
+        model = FFNet(INPUTS, num_hl=layers, hl_size=width, num_outputs=1)
         opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+        sync = LocalGradients(model)  # one process: nothing to average
         # Run 0 is a warm-up of a few steps: the first calls pay for allocator and kernel set-up.
-        steps = range(0, min(samples, 5 * batch), batch) if rep == 0 else range(0, samples, batch)
+        steps = range(0, min(samples, WARMUP_STEPS * batch), batch) if rep == 0 else range(0, samples, batch)
         t0 = time.perf_counter()
         for _ in range(epochs):
             for i in steps:
-                opt.zero_grad()
-                loss_fn(model(x[i : i + batch]), y[i : i + batch]).backward()
-                opt.step()
+                train_step(model, opt, sync, x[i : i + batch], y[i : i + batch])
         if rep > 0:
             times.append(time.perf_counter() - t0)
     return statistics.median(times), sum(p.numel() for p in model.parameters())
@@ -116,11 +118,12 @@ def main(args) -> int:
     torch.set_num_threads(args.threads)
     if args.tiny:
         args.models, args.samples, args.repeats = [(0, 10), (2, 64)], [256, 2048], 1
-    rows = run(args.models, args.samples, args.batch, args.epochs, args.repeats)
-    print(f"# training time: one process, {args.threads} thread(s), batch {args.batch}, {args.epochs} epoch(s), "
+    rows = run(args.models, args.samples, args.batch_size, args.epochs, args.repeats)
+    print(f"# training time: one process, {args.threads} thread(s), batch {args.batch_size}, {args.epochs} epoch(s), "
           f"median of {args.repeats}")  # fmt: skip
     print(table(rows))
-    save_results(args, "grid", {"benchmark": "grid", "batch": args.batch, "rows": rows}, lambda png: plot(rows, png))
+    payload = {"benchmark": "grid", "batch": args.batch_size, "rows": rows}
+    save_results(args, "grid", payload, lambda png: plot(rows, png))
     return 0
 
 
@@ -129,13 +132,12 @@ def add_parser(subparsers) -> None:
         "grid",
         help="[DDP-scaling]: training time over model size x data size (one process)",
         description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument(
         "--models", type=model_spec, default=[(0, 10), (3, 100), (3, 400)], help="LAYERSxWIDTH list (0x10,3x100,3x400)"
     )
     p.add_argument("--samples", type=rank_list, default=[16384, 131072], help="samples per epoch (16384,131072)")
-    p.add_argument("--batch", type=positive_int, default=32, help="batch size (default 32, as in the seed)")
+    p.add_argument("--batch-size", type=positive_int, default=32, help="batch size (default 32, as in the seed)")
     p.add_argument("--epochs", type=positive_int, default=1, help="epochs per run (default 1)")
     p.add_argument("--repeats", type=positive_int, default=3, help="runs per cell; the median is reported (3)")
     p.add_argument("--threads", type=positive_int, default=1, help="torch intra-op threads (default 1)")

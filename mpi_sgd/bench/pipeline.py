@@ -49,8 +49,8 @@ from ..args import positive_int, positive_ints
 from ..models import MLP
 from ..pipeline import SCHEDULES, SPLITS, PipelineStage, cut, ideal_bubble, peak_in_flight, simulate
 from ..pipeline.schedule import bubble
-from .report import add_output_arguments, markdown_table, new_figure, save_results, write_json
-from .timing import time_interleaved
+from ..report import add_output_arguments, markdown_table, new_figure, save_results, write_json
+from ..timing import time_interleaved
 
 
 def _model(args) -> MLP:
@@ -202,6 +202,14 @@ def main(comm, args) -> int:
     return 0
 
 
+def _schedules(text: str) -> list[str]:
+    names = [part.strip() for part in text.split(",") if part.strip()]
+    bad = [n for n in names if n not in SCHEDULES]
+    if bad or not names:
+        raise argparse.ArgumentTypeError(f"unknown schedule(s) {text!r}; choose from {','.join(SCHEDULES)}")
+    return names
+
+
 def add_parser(kinds) -> None:
     """``mpi-sgd bench pipeline``: register on the ``bench`` command's sub-parsers."""
     p = kinds.add_parser(
@@ -215,7 +223,7 @@ def add_parser(kinds) -> None:
     p.add_argument("--batch-size", type=positive_int, default=512, help="samples per step (default 512)")
     p.add_argument("--micro-batches", type=positive_ints, default=[1, 2, 4, 8],
                    help="comma-separated micro-batch counts m (default 1,2,4,8)")  # fmt: skip
-    p.add_argument("--schedules", type=lambda s: s.split(","), default=list(SCHEDULES),
+    p.add_argument("--schedules", type=_schedules, default=list(SCHEDULES),
                    help=f"comma-separated schedules: {','.join(SCHEDULES)} (default both)")  # fmt: skip
     p.add_argument("--split", choices=SPLITS, default="params", help="how to cut the layers (default params)")
     p.add_argument("--steps", type=positive_int, default=4, help="timed steps per block (default 4)")
@@ -231,14 +239,11 @@ def _run(args) -> int:
     from ..comm import init
     from ..launch import placement
 
-    bad = [s for s in args.schedules if s not in SCHEDULES]
-    if bad:
-        args.parser.error(f"unknown schedule(s): {', '.join(bad)}; choose from {','.join(SCHEDULES)}")
     if args.warmup < 0:
         args.parser.error("--warmup must be 0 or more")
     ranks = placement().size
     if args.depth + 1 < ranks:
-        args.parser.error(f"{args.depth + 1} layers cannot be cut into {ranks} stages; raise --depth")
+        args.parser.fail(f"{args.depth + 1} layers cannot be cut into {ranks} stages: raise --depth or run fewer ranks")
     if max(args.micro_batches + [args.timeline_m]) > args.batch_size:
         args.parser.error(f"--batch-size {args.batch_size} is smaller than the largest m")
     return main(init("mpi4py"), args)

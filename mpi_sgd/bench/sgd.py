@@ -22,56 +22,37 @@ ratios to DDP and to ``local``. ``--bucket-mb 0.25,1,4,16`` sweeps the bucket si
 
 from __future__ import annotations
 
-import argparse
-import time
-
 import numpy as np
 import torch
-from torch.nn import functional as F
 
 from .. import gradsync
 from ..args import positive_floats
 from ..comm.buffers import zeros
-from ..models import MLP, SimpleNet
-from .report import add_output_arguments, markdown_table, new_figure, save_results
-from .timing import time_interleaved
+from ..models import BENCHMARK_MLP, build_model
+from ..report import add_output_arguments, markdown_table, new_figure, save_results
+from ..timing import WARMUP_STEPS, time_interleaved
+from ..trainer import train_step
 
-MODELS = {
-    "mlp": lambda: MLP((784, 1024, 1024, 10)),
-    "simplenet": lambda: SimpleNet(784, 256, 10),
-}
-VARIANTS = ("local", "naive", "flat", "bucketed", "ddp-gloo", "comm-only")
+MODELS = ("mlp", "simplenet")  # --model names, built for 784 features and 10 classes
+FEATURES, CLASSES = BENCHMARK_MLP[0], BENCHMARK_MLP[-1]
+VARIANTS = ("local", *gradsync.STRATEGIES, "ddp-gloo", "comm-only")
 
 
-def _step_fn(model, optimizer, x, y, sync=None, record=None):
-    """One training step; ``sync`` None means plain torch (local, or DDP inside its hooks).
-
-    Each call appends ``(step seconds, seconds blocked in communication)`` to ``record``: two
-    clock reads per step, so the per-step spread ([DDP-bench]'s std columns) comes for free.
-    """
+def _step_fn(model, optimizer, sync, x, y, record, blocked: bool):
+    """The trainer's step as a call to time; each call appends ``(step seconds, seconds blocked in
+    communication)`` to ``record``, so the per-step spread ([DDP-bench]'s std columns) comes for
+    free. ``blocked`` False: the time blocked is not known (DDP communicates inside backward)."""
 
     def step():
-        t0 = time.perf_counter()
-        if sync is None:
-            optimizer.zero_grad()
-            F.cross_entropy(model(x), y).backward()
-            optimizer.step()
-            record.append((time.perf_counter() - t0, float("nan")))
-            return
-        sync.seconds = 0.0
-        sync.zero_grad()
-        with sync.accumulate():
-            (F.cross_entropy(model(x), y) * sync.loss_scale).backward()
-        sync.wait()
-        optimizer.step()
-        record.append((time.perf_counter() - t0, sync.seconds))
+        s = train_step(model, optimizer, sync, x, y)
+        record.append((s.seconds, s.t_sync if blocked else float("nan")))
 
     return step
 
 
 def _build(name: str, comm, seed: int):
     torch.manual_seed(seed)
-    model = MODELS[name]()
+    model = build_model(name, (FEATURES,), CLASSES)
     gradsync.broadcast_parameters(model, comm)
     return model
 
@@ -96,31 +77,33 @@ def _spread(samples) -> dict:
     return {"avg": float(a.mean()), "std": float(a.std(ddof=1)) if a.size > 1 else 0.0}
 
 
-def bench_model(comm, name: str, args) -> list[dict]:
+def bench_model(comm, name: str, args, ddp_group=None) -> list[dict]:
     from torch.nn.parallel import DistributedDataParallel
 
     g = torch.Generator().manual_seed(args.seed + comm.rank)  # each rank its own batch
-    x = torch.randn(args.batch_size, 784, generator=g)
-    y = torch.randint(10, (args.batch_size,), generator=g)
+    x = torch.randn(args.batch_size, FEATURES, generator=g)
+    y = torch.randint(CLASSES, (args.batch_size,), generator=g)
     sweep = len(args.bucket_mb) > 1
     calls, records = {}, {}
     for variant, mb in variants(args.variants, args.bucket_mb):
         key = label(variant, mb, sweep)
         model = _build(name, comm, args.seed)
         torch.manual_seed(args.seed + comm.rank)  # dropout masks differ per rank
-        sync = None
-        if variant in gradsync.STRATEGIES:
-            sync = gradsync.make(variant, model, comm, mb if mb is not None else args.bucket_mb[0])
-        elif variant == "ddp-gloo":
-            model = DistributedDataParallel(model)
-        elif variant == "comm-only":
+        if variant == "comm-only":
             grads = zeros(sum(p.numel() for p in model.parameters()))
             calls[key] = lambda grads=grads: comm.allreduce(grads, "sum")
             continue
+        if variant in gradsync.STRATEGIES:
+            sync = gradsync.make(variant, model, comm, mb if mb is not None else args.bucket_mb[0])
+        else:  # local, or DDP, which averages inside backward on its own
+            if variant == "ddp-gloo":
+                model = DistributedDataParallel(model, process_group=ddp_group)
+            sync = gradsync.LocalGradients(model)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
         records[key] = []
-        calls[key] = _step_fn(model, optimizer, x, y, sync, records[key])
-    times = time_interleaved(comm, calls, iterations=args.steps * args.rounds, warmup=args.warmup, rounds=args.rounds)
+        calls[key] = _step_fn(model, optimizer, sync, x, y, records[key], variant in gradsync.STRATEGIES)
+    iterations = args.steps_per_round * args.rounds
+    times = time_interleaved(comm, calls, iterations=iterations, warmup=args.warmup, rounds=args.rounds)
     rows = []
     for key in calls:
         steps = records.get(key, [])[args.warmup :]  # what the warm-up ran is not timed
@@ -197,18 +180,19 @@ def main(comm, args) -> int:
     from ..launch import pin_threads
 
     threads = pin_threads(comm.local_size)
+    ddp_group = None
     if "ddp-gloo" in args.variants:
         from ..comm.torch_dist import TorchDistComm
 
-        TorchDistComm("gloo", comm)  # sets up torch.distributed's default process group for DDP
+        ddp_group = TorchDistComm("gloo", comm).group  # DDP runs on this group, passed explicitly
     rows = []
     for name in args.models:
-        rows += bench_model(comm, name, args)
+        rows += bench_model(comm, name, args, ddp_group)
     if comm.is_root:
         print(
             f"training step, {comm.size} ranks x batch {args.batch_size}, {threads} torch thread(s) per rank, "
             f"bucket {','.join(f'{mb:g}' for mb in args.bucket_mb)} MB, median of {args.rounds} interleaved "
-            f"blocks of {args.steps} steps, slowest rank; ± std over its steps; comm = time blocked in "
+            f"blocks of {args.steps_per_round} steps, slowest rank; ± std over its steps; comm = time blocked in "
             "gradient communication\n"
         )
         print(table(rows))
@@ -224,7 +208,6 @@ def add_parser(kinds) -> None:
         "sgd",
         help="training step time: naive/flat/bucketed vs DDP-gloo vs no communication",
         description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument(
         "--models",
@@ -245,9 +228,10 @@ def add_parser(kinds) -> None:
         default=[1.0],
         help="bucket size for 'bucketed' in MB; a comma-separated list sweeps it, e.g. 0.25,1,4,16 (default 1)",
     )
-    p.add_argument("--steps", type=int, default=20, help="timed steps per block (default 20)")
     p.add_argument("--rounds", type=int, default=5, help="interleaved blocks per variant (default 5)")
-    p.add_argument("--warmup", type=int, default=5, help="discarded steps per variant (default 5)")
+    p.add_argument("--steps-per-round", type=int, default=20, help="timed steps per block (default 20)")
+    p.add_argument("--warmup", type=int, default=WARMUP_STEPS,
+                   help=f"discarded steps per variant (default {WARMUP_STEPS})")  # fmt: skip
     p.add_argument("--seed", type=int, default=0, help="seed for models and data (default 0)")
     add_output_arguments(p)
     p.set_defaults(func=_run, parser=p)
@@ -259,6 +243,6 @@ def _run(args) -> int:
     bad = [m for m in args.models if m not in MODELS] + [v for v in args.variants if v not in VARIANTS]
     if bad:
         args.parser.error(f"unknown model(s)/variant(s): {', '.join(bad)}")
-    if min(args.batch_size, args.steps, args.rounds) < 1 or args.warmup < 0:
-        args.parser.error("--batch-size, --steps and --rounds must be at least 1, --warmup 0 or more")
+    if min(args.batch_size, args.steps_per_round, args.rounds) < 1 or args.warmup < 0:
+        args.parser.error("--batch-size, --steps-per-round and --rounds must be at least 1, --warmup 0 or more")
     return main(init("mpi4py"), args)

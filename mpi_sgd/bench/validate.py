@@ -1,16 +1,17 @@
 """Validate the speedup model: predicted vs measured sync_sgd step time, and the break-even line.
 
     mpi-sgd bench validate                          # per-rank batches 1 and 512 at R = 1, 2, 4
-    mpi-sgd bench validate --batches 2,512 --steps 60
+    mpi-sgd bench validate --batches 2,512 --max-steps 60
 
 One process that launches its own MPI jobs, for each configuration (a per-rank batch B):
 
 1. **Calibrate** (``python -m mpi_sgd.calibrate``), apart from the runs it predicts: at every R,
    T_comp(R), the trainer's step at batch B timed with R ranks stepping at once; at R = 2 also
    α, β, γ, fitted to an all-reduce sweep through the communicator seam.
-2. **Measure** ``examples/sync_sgd.py --model mlp --dataset blobs --strategy flat`` at each R: the
-   784-1024-1024-10 MLP the calibration times, with gradients in one flat buffer all-reduced
-   after backward (no overlap). The measured step is, per step, the slowest rank's t_comp +
+2. **Measure** training at each R, as ``examples/sync_sgd.py --model mlp --dataset blobs
+   --strategy flat`` trains (the same :class:`~mpi_sgd.trainer.Trainer`, run by this module as an
+   MPI job of its own): the MLP the calibration times, with gradients in one flat buffer
+   all-reduced after backward (no overlap). The measured step is, per step, the slowest rank's t_comp +
    t_sync, then the median over the steps after warm-up (the mean goes to the JSON too).
 3. **Predict** with :mod:`mpi_sgd.perfmodel`, weak scaling (per-rank batch fixed)::
 
@@ -36,7 +37,6 @@ predicted one is, with one configuration on each side. A miss is printed as a mi
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
@@ -46,9 +46,10 @@ from pathlib import Path
 
 from ..args import nbytes, positive_int, rank_list
 from ..launch import placement, run_job
-from .report import add_output_arguments, markdown_table, new_figure, save_results
+from ..models import BENCHMARK_MLP
+from ..report import add_output_arguments, markdown_table, new_figure, save_results, write_json
+from ..timing import WARMUP_STEPS
 
-LAYERS = (784, 1024, 1024, 10)  # what build_model("mlp") makes for blobs: 784 features, 10 classes
 BLOBS = 4096  # samples in the blobs dataset
 TARGETED = (1, 2)  # world sizes the accuracy target applies to; larger ones oversubscribe here
 TOLERANCE = 0.10
@@ -160,19 +161,39 @@ def calibrate(batch: int, ranks: int, args):
     # The network comes from the 2-rank job only; elsewhere the smallest sweep (two sizes, as the fit
     # needs) keeps the job short.
     sweep = args.max_bytes if ranks == 2 else 16
-    layers = ",".join(map(str, LAYERS))
+    layers = ",".join(map(str, BENCHMARK_MLP))  # what --model mlp builds for blobs
     _run(ranks, args.transport, "-m", "mpi_sgd.calibrate", "--save", str(path), "--layers", layers,
-         "--batch", str(batch), "--max-bytes", str(sweep), "--strategy", "flat")  # fmt: skip
+         "--batch-size", str(batch), "--max-bytes", str(sweep), "--strategy", "flat")  # fmt: skip
     return Calibration.load(path)
 
 
 def measure(batch: int, ranks: int, args) -> dict:
-    path = args.out_dir / f"sync_sgd-b{batch}-n{ranks}.json"
-    script = Path(__file__).resolve().parents[2] / "examples" / "sync_sgd.py"
-    _run(ranks, args.transport, str(script), "--model", "mlp", "--dataset", "blobs", "--strategy", "flat",
-         "--batch-size", str(batch), "--max-steps", str(args.steps), "--epochs", str(10**6), "--no-progress",
-         "--metrics-json", str(path))  # fmt: skip
+    path = args.out_dir / f"train-b{batch}-n{ranks}.json"
+    _run(ranks, args.transport, "-m", "mpi_sgd.bench.validate", "--model", "mlp", "--dataset", "blobs",
+         "--strategy", "flat", "--batch-size", str(batch), "--max-steps", str(args.max_steps),
+         "--epochs", str(10**6), "--no-progress", "--metrics-json", str(path))  # fmt: skip
     return json.loads(path.read_text())
+
+
+def train_job(argv: Sequence[str] | None = None) -> int:
+    """``mpiexec -n R python -m mpi_sgd.bench.validate`` with sync_sgd's training flags: train with
+    the trainer, and the root writes its metrics (``--metrics-json``). The measured run above."""
+    from ..args import ArgumentParser
+    from ..comm import init
+    from ..config import TrainConfig
+    from ..data import load
+    from ..launch import pin_threads
+    from ..trainer import Trainer
+
+    parser = ArgumentParser(prog="python -m mpi_sgd.bench.validate")
+    TrainConfig.add_arguments(parser)
+    cfg = TrainConfig.from_args(parser.parse_args(argv))
+    comm = init(cfg.backend)
+    pin_threads(comm.local_size)
+    metrics = Trainer.from_config(cfg, load(cfg.dataset, cfg.seed), comm).train()
+    if comm.is_root:
+        write_json(cfg.metrics_json, metrics)
+    return 0
 
 
 def validate(args) -> tuple[list[Row], dict]:
@@ -214,8 +235,8 @@ def plot(rows: Sequence[Row], path: Path) -> None:
 def main(args) -> int:
     if not set(TARGETED) <= set(args.ranks):
         args.parser.error(f"--ranks must include {' and '.join(map(str, TARGETED))}, got {args.ranks}")
-    if args.steps < 2 * 5 + 1:  # the trainer discards 5 warm-up steps; keep more than that to time
-        args.parser.error(f"--steps must be at least 11, got {args.steps}")
+    if args.max_steps < 2 * WARMUP_STEPS + 1:  # the trainer leaves its warm-up steps out; time more than those
+        args.parser.error(f"--max-steps must be at least {2 * WARMUP_STEPS + 1}, got {args.max_steps}")
     if max(args.batches) * max(args.ranks) > BLOBS:
         args.parser.error(f"one step of R x B samples must fit in blobs' {BLOBS}: lower --batches or --ranks")
     if placement().size > 1:
@@ -244,15 +265,20 @@ def main(args) -> int:
 
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser("validate", help="predicted vs measured sync_sgd step time at R = 1, 2 (4 reported)",
-                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+                              description=__doc__)  # fmt: skip
     p.add_argument("--batches", type=rank_list, default=[1, 512],
                    help="per-rank batches, one configuration each: a small one the model says will not pay at "
                    "R = 2 and a large one it says will (default 1,512; at most 1024 for R = 4)")  # fmt: skip
     p.add_argument("--ranks", type=rank_list, default=[1, 2, 4], help="world sizes, 1 and 2 included (default 1,2,4)")
-    p.add_argument("--steps", type=positive_int, default=40, help="training steps per run, 5 of them warm-up (40)")
+    p.add_argument("--max-steps", type=positive_int, default=40,
+                   help=f"training steps per run, {WARMUP_STEPS} of them warm-up (40)")  # fmt: skip
     p.add_argument("--max-bytes", type=nbytes, default=16 << 20, help="largest all-reduce in the calibration sweep "
                    "(default 16MiB, above the MLP's 7.5 MB of gradients)")  # fmt: skip
     p.add_argument("--transport", choices=tuple(TRANSPORTS), default="tcp",
                    help="how ranks talk: tcp as between nodes, or shm, shared memory (default tcp)")  # fmt: skip
     add_output_arguments(p)  # each job's own JSON lands there too
     p.set_defaults(func=main, parser=p)
+
+
+if __name__ == "__main__":
+    sys.exit(train_job())

@@ -1,6 +1,6 @@
 """[DDP-bench]'s all-reduce table: backend x workers (2, 4, 6) x data size (1 MB .. 1 GB).
 
-    mpi-sgd bench workers                       # one command: runs mpiexec -n 2, 4, 6 in turn
+    mpi-sgd bench workers                       # mpiexec -n 2, 4, 6 in turn (those the cores hold)
     mpi-sgd bench workers --max-bytes 100MB     # the same without the 1 GB row (small machines)
     mpiexec -n 4 mpi-sgd bench workers          # only this world's column
 
@@ -22,15 +22,19 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
 from ..args import nbytes, positive_int, rank_list
+from ..comm import BACKENDS, TORCH_BACKENDS
 from ..launch import JobFailed, placement, run_job
-from .report import add_output_arguments, human_bytes, markdown_table, new_figure, save_results, write_json
+from ..report import add_output_arguments, human_bytes, markdown_table, new_figure, save_results, write_json
+from ..timing import WARMUP_STEPS
 
 SIZES = (10**6, 10**7, 10**8, 10**9)
-BACKENDS = ("mpi4py", "gloo", "nccl")
+CHOICES = ("mpi4py", *TORCH_BACKENDS)  # the seam's own backend beside torch.distributed's
+WORKERS = (2, 4, 6)
 LARGE = 10**8
 
 
@@ -38,13 +42,13 @@ def label(n: int) -> str:
     return f"{n // 10**6}MB" if n >= 10**6 else human_bytes(n)
 
 
-def measure(comm, sizes, backends, warmup=5, iterations=10) -> list[dict]:
+def measure(comm, sizes, backends, warmup=WARMUP_STEPS, iterations=10) -> list[dict]:
     """This world's column: seconds per all-reduce for each backend and size."""
     import torch
 
     from ..comm.buffers import zeros
     from ..comm.torch_dist import TorchDistComm
-    from .timing import time_interleaved
+    from ..timing import time_interleaved
 
     rows = []
     for backend in backends:
@@ -137,18 +141,27 @@ def launch(args) -> int:
 def main(args) -> int:
     if args.max_bytes < SIZES[0]:
         args.parser.error(f"--max-bytes must be at least 1MB, got {args.max_bytes}")
-    if min(args.workers) < 2 or args.warmup < 0:
+    if (args.workers and min(args.workers) < 2) or args.warmup < 0:
         args.parser.error("an all-reduce needs --workers of at least 2, and --warmup cannot be negative")
     if placement().size > 1:
         return column(args)
+    if args.workers is None:
+        args.workers = default_workers(os.cpu_count() or 1)
+        print(f"{os.cpu_count()} cores here: starting jobs of {', '.join(map(str, args.workers))} workers "
+              f"(pass --workers {','.join(map(str, WORKERS))} for the full table, oversubscribed)")  # fmt: skip
     args.backends = _backends(args)  # say once, here, which backends this machine lacks
     return launch(args)
 
 
+def default_workers(cores: int) -> list[int]:
+    """[DDP-bench]'s 2, 4 and 6 workers, those that fit ``cores`` (2 at least: an all-reduce needs two)."""
+    return [w for w in WORKERS if w <= cores] or [WORKERS[0]]
+
+
 def _backend_list(text: str) -> list[str]:
     names = [s.strip() for s in text.split(",") if s.strip()]
-    if not names or any(n not in BACKENDS for n in names):
-        raise argparse.ArgumentTypeError(f"choose from {','.join(BACKENDS)}, got {text!r}")
+    if not names or any(n not in CHOICES for n in names):
+        raise argparse.ArgumentTypeError(f"choose from {','.join(CHOICES)}, got {text!r}")
     return names
 
 
@@ -157,13 +170,15 @@ def add_parser(subparsers) -> None:
         "workers",
         help="[DDP-bench]'s all-reduce table: backend x workers 2/4/6 x 1MB..1GB",
         description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--workers", type=rank_list, default=[2, 4, 6], help="worker counts to launch (2,4,6)")
+    p.add_argument(
+        "--workers", type=rank_list, help="worker counts to launch (default: those of 2,4,6 that fit the cores)"
+    )
     p.add_argument("--max-bytes", type=nbytes, default=1 << 30, help="largest size, at least 1MB (default 1GiB)")
     p.add_argument("--backends", type=_backend_list, default=["mpi4py", "gloo", "nccl"],
                    help="mpi4py (the seam), gloo, nccl (skipped without CUDA) (default all three)")  # fmt: skip
-    p.add_argument("--warmup", type=int, default=5, help="discarded calls per size (5; 1 from 100MB)")
+    p.add_argument("--warmup", type=int, default=WARMUP_STEPS,
+                   help=f"discarded calls per size ({WARMUP_STEPS}; 1 from 100MB)")  # fmt: skip
     p.add_argument("--iterations", type=positive_int, default=10, help="timed calls per size (10; 3 from 100MB)")
     add_output_arguments(p)
     p.set_defaults(func=main, parser=p)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from .base import OPS, CollectiveMismatchError, CommError, Communicator, Request, split_counts
 
-BACKENDS = ("mpi4py", "local", "gloo", "mpi", "nccl")
+TORCH_BACKENDS = ("gloo", "mpi", "nccl")  # torch.distributed's, behind TorchDistComm
+BACKENDS = ("mpi4py", "local", *TORCH_BACKENDS)  # every name init() accepts
 
 
 def init(backend: str = "mpi4py", debug: bool | None = None, abort_on_error: bool = True) -> Communicator:
@@ -12,27 +13,45 @@ def init(backend: str = "mpi4py", debug: bool | None = None, abort_on_error: boo
 
     ``mpi4py`` (the default) works at any size, ``python script.py`` included (MPI's singleton
     mode); ``local`` is world size 1 with no MPI at all; ``gloo``/``mpi``/``nccl`` are
-    torch.distributed backends rendezvousing over mpi4py. With ``abort_on_error`` an uncaught
-    exception on any rank aborts the whole job instead of leaving the others waiting.
+    torch.distributed backends rendezvousing over mpi4py. With ``debug`` (default: the
+    ``MPI_SGD_DEBUG`` environment variable) the communicator is wrapped in a
+    :class:`~mpi_sgd.comm.checked.CheckedComm`, which compares every collective's arguments across
+    ranks first. With ``abort_on_error`` an uncaught exception on any rank aborts the whole job
+    instead of leaving the others waiting.
     """
+    from ..launch import env_flag, install_abort_hook
+
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
     if backend == "local":
         from .local import LocalComm
 
-        return LocalComm()
-    from .mpi import MPIComm
+        comm: Communicator = LocalComm()
+    else:
+        from .mpi import MPIComm
 
-    comm: Communicator = MPIComm(debug=debug)
-    if backend != "mpi4py":
-        from .torch_dist import TorchDistComm
+        comm = MPIComm()
+        if backend != "mpi4py":
+            from .torch_dist import TorchDistComm
 
-        comm = TorchDistComm(backend, comm)
+            comm = TorchDistComm(backend, comm)
+    if env_flag("MPI_SGD_DEBUG") if debug is None else debug:
+        from .checked import CheckedComm
+
+        comm = CheckedComm(comm)
     if abort_on_error:
-        from ..launch import install_abort_hook
-
         install_abort_hook(comm)
     return comm
 
 
-__all__ = ["BACKENDS", "OPS", "CollectiveMismatchError", "CommError", "Communicator", "Request", "init", "split_counts"]
+__all__ = [
+    "BACKENDS",
+    "TORCH_BACKENDS",
+    "OPS",
+    "CollectiveMismatchError",
+    "CommError",
+    "Communicator",
+    "Request",
+    "init",
+    "split_counts",
+]

@@ -2,7 +2,7 @@
 
 Everything above this layer (examples, collectives built from point-to-point, gradient
 synchronisation, the trainer, the benchmarks) talks to a :class:`Communicator` that it is
-handed explicitly. Three implementations exist:
+handed explicitly. Three backends implement it:
 
 * :class:`~mpi_sgd.comm.mpi.MPIComm`: mpi4py's buffer (uppercase) methods, zero-copy on
   contiguous CPU torch tensors and numpy arrays. The default.
@@ -10,6 +10,10 @@ handed explicitly. Three implementations exist:
   nccl backend.
 * :class:`~mpi_sgd.comm.local.LocalComm`: world size 1, so ``python script.py`` runs the same
   code as ``mpiexec -n 4 python script.py``.
+
+Concerns that apply to every backend alike (debug-mode argument checks, and later a watchdog,
+fault injection, byte counting) are wrappers around any of them:
+:class:`~mpi_sgd.comm.wrapper.CommWrapper`, e.g. :class:`~mpi_sgd.comm.checked.CheckedComm`.
 
 Buffer conventions (the same on every backend):
 
@@ -41,6 +45,17 @@ def check_op(op: str) -> str:
     if op not in OPS:
         raise ValueError(f"unknown reduction op {op!r}; choose one of {', '.join(OPS)}")
     return op
+
+
+def check_avg(buf) -> None:
+    """'avg' divides by the world size, so it needs a floating dtype (torch or numpy buffer).
+
+    Every backend checks before communicating, so a bad call leaves every buffer untouched.
+    """
+    dtype = buf.dtype
+    floating = dtype.is_floating_point if hasattr(dtype, "is_floating_point") else dtype.kind in "fc"
+    if not floating:
+        raise TypeError(f"op 'avg' needs a floating dtype, got {dtype}; use 'sum' and divide yourself")
 
 
 def split_counts(n: int, parts: int) -> list[int]:
@@ -85,8 +100,7 @@ class Request:
     @classmethod
     def completed(cls, finish: Callable[[], None] | None = None) -> Request:
         """A request that is already done (size-1 worlds and blocking fallbacks)."""
-        req = cls(None, lambda h: None, lambda h: True, finish)
-        return req
+        return cls(None, lambda h: None, lambda h: True, finish)
 
     def _complete(self) -> None:
         self._done = True
@@ -104,15 +118,6 @@ class Request:
         if not self._done and self._test(self._handle):
             self._complete()
         return self._done
-
-    @property
-    def done(self) -> bool:
-        return self._done
-
-    @staticmethod
-    def waitall(requests: Sequence[Request]) -> None:
-        for r in requests:
-            r.wait()
 
 
 class Communicator(abc.ABC):

@@ -3,7 +3,7 @@
 A contiguous CPU tensor and its ``.numpy()`` view share storage, so handing the view to
 mpi4py's buffer methods is zero-copy. (The mpi4py backend names a plain tensor's memory more
 directly still, see :func:`mpi_sgd.comm.mpi._spec`, and comes here for everything else; passing
-the tensor itself would go through DLPack in mpi4py, about 14 us more per call here.)
+the tensor itself would go through mpi4py's DLPack path, which costs far more per call.)
 
 :func:`as_array` does no checks of its own on the way through: ``.numpy()`` already refuses
 CUDA tensors, tensors that require grad and dtypes numpy lacks (bfloat16). Only when something
@@ -110,10 +110,10 @@ def zeros(numel: int, dtype=None, device=None):
 
     On the CPU it is allocated by numpy, which asks Linux for transparent huge pages for arrays of
     4 MiB and more (``madvise``) where torch's allocator does not. MPI's shared-memory transport
-    streams large buffers through memory, and with 4 KiB pages it pays for TLB misses: measured
-    here with 2 ranks, an 8 MiB ``Allreduce`` took 1.63 ms on torch-allocated memory and 1.19 ms on
-    numpy's, 64 MiB 31.0 ms and 28.1 ms. The tensor shares numpy's memory and is otherwise an
-    ordinary tensor. Other devices, and dtypes numpy lacks (bfloat16), use ``torch.zeros``.
+    streams large buffers through memory, and with 4 KiB pages it pays for TLB misses on every
+    large all-reduce (``mpi-sgd bench allreduce --impls seam,seam-torchalloc`` compares the two).
+    The tensor shares numpy's memory and is otherwise an ordinary tensor. Other devices, and
+    dtypes numpy lacks (bfloat16), use ``torch.zeros``.
     """
     dtype = torch.float32 if dtype is None else dtype
     if device is None or torch.device(device).type == "cpu":

@@ -8,17 +8,9 @@ Messages a rank sends to itself are buffered, as an MPI eager send to self would
 
 from __future__ import annotations
 
-import time
 from collections import defaultdict, deque
 
-from .base import CommError, Communicator, Request, check_op, split_counts
-
-
-def _is_floating(buf) -> bool:
-    dtype = buf.dtype
-    if hasattr(dtype, "is_floating_point"):  # torch
-        return dtype.is_floating_point
-    return dtype.kind in ("f", "c")  # numpy
+from .base import CommError, Communicator, Request, check_avg, check_op, split_counts
 
 
 def _check_rank(peer: int, what: str) -> None:
@@ -87,8 +79,8 @@ class LocalComm(Communicator):
     # -- collectives ----------------------------------------------------------------------
     def allreduce(self, buf, op="sum"):
         check_op(op)
-        if op == "avg" and not _is_floating(buf):
-            raise TypeError(f"op 'avg' needs a floating dtype, got {buf.dtype}; use 'sum' and divide yourself")
+        if op == "avg":
+            check_avg(buf)
         return buf
 
     def iallreduce(self, buf, op="sum"):
@@ -137,6 +129,3 @@ class LocalComm(Communicator):
 
     def allgather_obj(self, obj):
         return [obj]
-
-    def wtime(self):
-        return time.perf_counter()

@@ -3,7 +3,8 @@
 Processes are still launched by ``mpiexec``; mpi4py tells each one its rank and world size
 and carries the rendezvous (rank 0's address and a free port) to everyone, so no
 ``MASTER_ADDR``/``MASTER_PORT`` needs setting by hand. Where those variables are already set
-(a torchrun launch) they are used as they are.
+(a torchrun launch) they are used as they are. Each communicator runs on a process group of its
+own, never on torch's default group (see :class:`TorchDistComm`).
 
 What each backend lacks is filled in here, and nowhere else:
 
@@ -17,6 +18,7 @@ What each backend lacks is filled in here, and nowhere else:
 
 from __future__ import annotations
 
+import datetime
 import os
 import socket
 import time
@@ -25,10 +27,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from .base import CommError, Communicator, Request, check_op, displacements, split_counts
+from . import TORCH_BACKENDS
+from .base import CommError, Communicator, Request, check_avg, check_op, displacements, split_counts
 from .local import Loopback
-
-BACKENDS = ("gloo", "mpi", "nccl")
 
 
 def _t(buf):
@@ -72,41 +73,80 @@ def backend_available(name: str) -> bool:
     return {"gloo": dist.is_gloo_available, "mpi": dist.is_mpi_available, "nccl": dist.is_nccl_available}[name]()
 
 
-class TorchDistComm(Communicator):
-    """A :class:`Communicator` over ``torch.distributed``'s default process group.
+def unavailable(name: str) -> str | None:
+    """Why backend ``name`` cannot run with this torch, and what to use instead; None if it can."""
+    if backend_available(name):
+        return None
+    return {
+        "mpi": "this torch was built without MPI (the pip wheels are); build torch from source "
+        "against your MPI, or use --backend mpi4py (the default) or gloo",
+        "nccl": "this torch has no NCCL (a CPU build, or no CUDA); use gloo or mpi4py",
+        "gloo": "this torch was built without gloo",
+    }[name]
 
-    ``mpi`` is an :class:`~mpi_sgd.comm.mpi.MPIComm` of the same job; it supplies rank, size,
-    local rank and the rendezvous, and ``abort`` (torch.distributed has no job-wide abort).
+
+class TorchDistComm(Communicator):
+    """A :class:`Communicator` over a ``torch.distributed`` process group of its own.
+
+    ``mpi`` is a communicator of the processes that take part: the world, or a split of it. It
+    supplies rank, size and local rank, carries the rendezvous, and provides ``abort`` (torch has
+    no job-wide abort) and the pickled-object calls.
+
+    **Its own group.** torch.distributed keeps one default group per process, and every call
+    made without ``group=`` goes there. Relying on it would let a second communicator (nccl
+    beside gloo, a sub-group beside the world) silently run on the first one's group. So every
+    ``TorchDistComm`` holds a group in ``self.group`` and passes it on every call: the first one
+    in a process creates torch's default group (torch's rendezvous store lives there) and uses
+    it; each later one makes a new group of its own backend over its own ranks with
+    ``dist.new_group``, which only its members take part in. That first communicator therefore
+    decides which processes torch knows of: make it over every process that will use torch
+    (the world), not over a part. Ranks here are ``mpi``'s; its order must be the world's
+    (``Split`` with ``key=rank``, as usual), since torch orders a group's ranks that way.
     """
 
     def __init__(self, backend: str, mpi: Communicator, timeout_s: float = 300.0):
-        if backend not in BACKENDS:
-            raise ValueError(f"unknown torch.distributed backend {backend!r}; choose one of {BACKENDS}")
-        if not backend_available(backend):
-            hint = {
-                "mpi": "this torch was built without MPI (the pip wheels are); build torch from source "
-                "against your MPI, or use --backend mpi4py (the default) or gloo",
-                "nccl": "this torch has no NCCL (a CPU build, or no CUDA); use gloo or mpi4py",
-                "gloo": "this torch was built without gloo",
-            }[backend]
-            raise CommError(f"torch.distributed backend {backend!r} is not available: {hint}")
+        if backend not in TORCH_BACKENDS:
+            raise ValueError(f"unknown torch.distributed backend {backend!r}; choose one of {TORCH_BACKENDS}")
+        if unavailable(backend):
+            raise CommError(f"torch.distributed backend {backend!r} is not available: {unavailable(backend)}")
         self.backend = backend
         self.mpi = mpi
         self.rank, self.size = mpi.rank, mpi.size
         self.local_rank, self.local_size = mpi.local_rank, mpi.local_size
         self._self = Loopback()
-        if not dist.is_initialized():
-            self._init_process_group(timeout_s)
         self.device = torch.device("cuda", self.local_rank) if backend == "nccl" else torch.device("cpu")
         if backend == "nccl":
             torch.cuda.set_device(self.device)
+        self.group = self._own_group(datetime.timedelta(seconds=timeout_s))
 
-    def _init_process_group(self, timeout_s: float) -> None:
-        import datetime
+    def _own_group(self, timeout: datetime.timedelta):
+        # Decided together: a rank that made the default group and one that did not would wait
+        # in different calls for ever.
+        ready = self.mpi.allgather_obj(dist.is_initialized())
+        if not any(ready):
+            self._init_default_group(timeout)
+            return dist.group.WORLD
+        if not all(ready):
+            raise CommError(
+                "some ranks of this communicator already use torch.distributed and others do not: "
+                "make the first torch communicator over every process (the world), then sub-groups"
+            )
+        # torch's own numbering of this communicator's members, in our rank order: what dist.*
+        # calls take as src, dst and root
+        self.torch_ranks = self.mpi.allgather_obj(dist.get_rank())
+        if self.torch_ranks != sorted(set(self.torch_ranks)):  # in order, and all from one torch world
+            raise CommError(
+                f"torch knows these ranks as {self.torch_ranks}: they must be distinct and in order "
+                "(split the communicator with key=rank, from the world the first torch communicator spans)"
+            )
+        return dist.new_group(self.torch_ranks, timeout=timeout, backend=self.backend, use_local_synchronization=True)
 
-        timeout = datetime.timedelta(seconds=timeout_s)
+    def _init_default_group(self, timeout: datetime.timedelta) -> None:
+        self.torch_ranks = list(range(self.size))
         if self.backend == "mpi":  # torch's MPI backend reads rank and size from MPI itself
             dist.init_process_group("mpi", timeout=timeout)
+            if dist.get_world_size() != self.size:
+                raise CommError("torch's MPI backend spans the whole job: make it over the world communicator")
             return
         if "MASTER_ADDR" in os.environ and "MASTER_PORT" in os.environ:
             addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
@@ -119,10 +159,6 @@ class TorchDistComm(Communicator):
             world_size=self.size,
             timeout=timeout,
         )
-
-    def close(self) -> None:
-        if dist.is_initialized():
-            dist.destroy_process_group()
 
     def _reduce_op(self, op: str):
         check_op(op)
@@ -140,8 +176,7 @@ class TorchDistComm(Communicator):
     def _needs_divide(self, op: str, buf) -> bool:
         if op != "avg":
             return False
-        if not buf.dtype.is_floating_point:
-            raise TypeError(f"op 'avg' needs a floating dtype, got {buf.dtype}; use 'sum' and divide yourself")
+        check_avg(buf)
         return self.backend != "nccl"
 
     # -- point to point -------------------------------------------------------------------
@@ -156,19 +191,19 @@ class TorchDistComm(Communicator):
         t = _t(buf)
         if dest == self.rank:
             return self._self.isend(t, tag)
-        return Request(dist.isend(t, dest, tag=tag), _work_wait, _work_test, keep=t)
+        return Request(dist.isend(t, self.torch_ranks[dest], self.group, tag), _work_wait, _work_test, keep=t)
 
     def irecv(self, buf, source, tag=0):
         t = _t(buf)
         if source == self.rank:
             return self._self.irecv(t, tag)
-        return Request(dist.irecv(t, source, tag=tag), _work_wait, _work_test, keep=t)
+        return Request(dist.irecv(t, self.torch_ranks[source], self.group, tag), _work_wait, _work_test, keep=t)
 
     # -- collectives ----------------------------------------------------------------------
     def allreduce(self, buf, op="sum"):
         t = _t(buf)
         divide = self._needs_divide(op, t)
-        dist.all_reduce(t, self._reduce_op(op))
+        dist.all_reduce(t, self._reduce_op(op), self.group)
         if divide:
             t /= self.size
         return buf
@@ -176,34 +211,34 @@ class TorchDistComm(Communicator):
     def iallreduce(self, buf, op="sum"):
         t = _t(buf)
         divide = self._needs_divide(op, t)
-        work = dist.all_reduce(t, self._reduce_op(op), async_op=True)
+        work = dist.all_reduce(t, self._reduce_op(op), self.group, async_op=True)
         finish = (lambda: t.div_(self.size)) if divide else None
         return Request(work, _work_wait, _work_test, finish, keep=t)
 
     def broadcast(self, buf, root=0):
-        dist.broadcast(_t(buf), src=root)
+        dist.broadcast(_t(buf), self.torch_ranks[root], self.group)
         return buf
 
     def reduce(self, buf, op="sum", root=0):
         t = _t(buf)
         divide = self._needs_divide(op, t)
-        dist.reduce(t, dst=root, op=self._reduce_op(op))
+        dist.reduce(t, self.torch_ranks[root], self._reduce_op(op), self.group)
         if divide and self.rank == root:
             t /= self.size
         return buf
 
     def gather(self, sendbuf, recvbuf=None, root=0):
         slots = list(_t(recvbuf).unbind(0)) if self.rank == root else None
-        dist.gather(_t(sendbuf), gather_list=slots, dst=root)
+        dist.gather(_t(sendbuf), slots, self.torch_ranks[root], self.group)
         return recvbuf
 
     def allgather(self, sendbuf, recvbuf):
-        dist.all_gather(list(_t(recvbuf).unbind(0)), _t(sendbuf))
+        dist.all_gather(list(_t(recvbuf).unbind(0)), _t(sendbuf), self.group)
         return recvbuf
 
     def scatter(self, sendbuf, recvbuf, root=0):
         slots = list(_t(sendbuf).unbind(0)) if self.rank == root else None
-        dist.scatter(_t(recvbuf), scatter_list=slots, src=root)
+        dist.scatter(_t(recvbuf), slots, self.torch_ranks[root], self.group)
         return recvbuf
 
     def reduce_scatter(self, sendbuf, recvbuf, counts=None, op="sum"):
@@ -211,7 +246,7 @@ class TorchDistComm(Communicator):
         counts = list(counts) if counts is not None else split_counts(send.numel(), self.size)
         if self.backend == "nccl" and len(set(counts)) == 1:
             divide = self._needs_divide(op, recv)
-            dist.reduce_scatter_tensor(recv, send, op=self._reduce_op(op))
+            dist.reduce_scatter_tensor(recv, send, self._reduce_op(op), self.group)
             if divide:
                 recv /= self.size
             return recvbuf
@@ -222,7 +257,7 @@ class TorchDistComm(Communicator):
         return recvbuf
 
     def barrier(self):
-        dist.barrier()
+        dist.barrier(self.group)
 
     def abort(self, code=1):
         self.mpi.abort(code)

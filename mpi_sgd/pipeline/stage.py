@@ -43,12 +43,13 @@ each link carries all its activations before any gradient.
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 
 import torch
 from torch import nn
 
-from ..timeline import chrome_trace
+from ..timing import chrome_trace
 from .schedule import schedule as make_schedule
 
 ACT_TAG, GRAD_TAG = 7101, 7102
@@ -135,7 +136,9 @@ class PipelineStage:
     backwards in the order of ``schedule`` ("gpipe" or "1f1b") and leaves the gradients of the
     whole batch in the stage's ``.grad`` (zeroed first); then each rank steps its own optimizer.
     ``x`` is read on stage 0 and ``y`` on the last stage; other ranks may pass ``None``. The
-    mean loss over the batch is returned on the last stage, ``None`` elsewhere. At world size 1
+    mean loss over the batch is returned on the last stage, ``None`` elsewhere; a loss that is not
+    finite raises :class:`PipelineError` there before that micro-batch's backward (under ``init``'s abort on
+    error, that ends the job). At world size 1
     the one stage is the whole model and no message is sent.
 
     Per step, ``stats`` gets ``{"span", "busy", "forward", "backward"}``: seconds from entering
@@ -211,7 +214,12 @@ class PipelineStage:
                     if self.last:
                         out = self.loss_fn(out, ys[i]) * (len(ys[i]) / n)
                 if self.last:
-                    loss += out.item()
+                    value = out.item()
+                    if not math.isfinite(value):  # every later step would train on garbage: stop the job
+                        raise PipelineError(
+                            f"stage {self.stage}: the loss of micro-batch {i} at step {self.step_count} is {value}"
+                        )
+                    loss += value
                 else:
                     self._send(out, self.stage + 1, ACT_TAG, i)
                 held[i] = (inp, out)

@@ -14,7 +14,7 @@ from .conftest import ROOT
 
 def test_validate_tiny(tmp_path):
     cmd = [sys.executable, "-m", "mpi_sgd.cli", "bench", "validate", "--batches", "4", "--ranks", "1,2",
-           "--steps", "12", "--max-bytes", "64KiB", "--out-dir", str(tmp_path)]  # fmt: skip
+           "--max-steps", "12", "--max-bytes", "64KiB", "--out-dir", str(tmp_path)]  # fmt: skip
     out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=150,
                          env={**os.environ, "MPIEXEC_TIMEOUT": "100"})  # fmt: skip
     assert out.returncode == 0, out.stdout + out.stderr

@@ -18,7 +18,7 @@ EIGHT_RANKS_ROW = re.compile(r"^\|\s*8 \|", re.MULTILINE)  # the table's last de
 
 def test_calibrate_from_one_process_then_reuse(tmp_path):
     cal_path = tmp_path / "calibration.json"
-    tiny = ["--max-bytes", "64KiB", "--layers", "16,32,32,4", "--batch", "8"]
+    tiny = ["--max-bytes", "64KiB", "--layers", "16,32,32,4", "--batch-size", "8"]
     out = subprocess.run(
         [sys.executable, str(SCRIPT), "--calibrate", *tiny, "--save", str(cal_path), "--plot", str(tmp_path / "a.png")],
         capture_output=True, text=True, timeout=120, env={**os.environ, "MPIEXEC_TIMEOUT": "100"},

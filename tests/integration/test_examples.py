@@ -47,6 +47,22 @@ def test_04_ring_allreduce(n, dtype):
     assert re.search(r"MPI Allreduce: +[\d.]+ ms per all-reduce", out)
 
 
+# One epoch at batch 32 rather than the defaults (three, 16) keeps the suite short; the check is the same.
+@pytest.mark.parametrize("n", SIZES)
+def test_05_sgd_by_hand_equals_one_process_at_batch_RB(n):
+    args = ["--epochs", "1", "--batch-size", "32"]
+    out = run_mpi(n, str(EXAMPLES / "05_sgd_by_hand.py"), *args, env={"OMP_NUM_THREADS": "1"}).stdout
+    assert f"{n} rank(s) x batch 32 = effective batch {32 * n}" in out
+    m = re.search(
+        rf"max \|parameter difference\| against one process at batch {32 * n}: (\S+) \(tolerance (\S+)\): agree", out
+    )
+    assert m, out
+    worst, tolerance = float(m.group(1)), float(m.group(2))
+    assert worst <= tolerance == 1e-9  # the tolerance the example states and justifies
+    if n == 1:
+        assert worst == 0.0  # one rank is the reference itself, bit for bit
+
+
 def test_examples_run_over_gloo_and_without_mpi():
     out = run_mpi(2, str(EXAMPLES / "03_collectives.py"), "--backend", "gloo").stdout
     assert "all collectives agree" in out

@@ -71,7 +71,7 @@ def test_bench_sgd_prints_ddp_bench_columns_and_sweeps_buckets(tmp_path):
         "sgd",
         "--models",
         "simplenet",
-        "--steps",
+        "--steps-per-round",
         "3",
         "--rounds",
         "2",

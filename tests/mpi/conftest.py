@@ -37,6 +37,6 @@ def comm(request):
     return _make(request.param)
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def world():
     return _make("world")

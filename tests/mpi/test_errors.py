@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mpi_sgd.comm import CollectiveMismatchError, CommError
+from mpi_sgd.comm import CollectiveMismatchError, CommError, init
+from mpi_sgd.comm.checked import CheckedComm
 from mpi_sgd.comm.mpi import MPIComm
 
 pytestmark = pytest.mark.mpi
@@ -64,24 +65,31 @@ def test_buffer_untouched_on_int_avg(comm):
     ],
     ids=["shape", "dtype", "op", "root", "nonblocking"],
 )
-def test_debug_mode_catches_mismatch_on_every_rank(world, call):
+def test_debug_mode_catches_mismatch_on_every_rank(comm, call):
+    if comm.size < 2:
+        pytest.skip("ranks can only disagree in a world of two or more")
     name, fn = call
-    checked = MPIComm(world.comm, debug=True)
+    checked = CheckedComm(comm)  # around any backend: mpi4py, a duplicate, gloo
     with pytest.raises(CollectiveMismatchError, match=f"ranks called {name} with different arguments") as err:
         fn(checked)
     assert "rank 1:" in str(err.value)  # names every rank's arguments
 
 
-def test_debug_mode_passes_agreeing_calls(world):
-    checked = MPIComm(world.comm, debug=True)
+def test_debug_mode_passes_agreeing_calls(comm):
+    checked = CheckedComm(comm)
     x = torch.ones(5)
-    checked.allreduce(x)
-    assert x.tolist() == [float(world.size)] * 5
+    assert checked.allreduce(x) is x
+    assert x.tolist() == [float(comm.size)] * 5
 
 
-def test_debug_off_binds_plain_methods(world):
-    # "costs nothing when off": the instance carries no wrapper at all.
-    assert "allreduce" not in vars(MPIComm(world.comm, debug=False))
+def test_debug_is_a_wrapper_only_when_asked_for(monkeypatch):
+    # Off, init returns the backend itself: debug mode costs nothing when it is not used.
+    monkeypatch.delenv("MPI_SGD_DEBUG", raising=False)
+    assert type(init("mpi4py", abort_on_error=False)) is MPIComm
+    monkeypatch.setenv("MPI_SGD_DEBUG", "1")
+    checked = init("mpi4py", abort_on_error=False)
+    assert type(checked) is CheckedComm and type(checked.inner) is MPIComm
+    assert type(init("mpi4py", debug=False, abort_on_error=False)) is MPIComm
 
 
 def test_parameter_rejected_but_its_data_accepted(mpicomm):

@@ -30,7 +30,7 @@ from mpi_sgd import comm as mpicomm
 from mpi_sgd import data, gradsync
 from mpi_sgd.config import TrainConfig
 from mpi_sgd.models import build_model
-from mpi_sgd.trainer import Trainer, make_optimizer
+from mpi_sgd.trainer import Trainer
 
 pytestmark = pytest.mark.mpi
 
@@ -71,13 +71,9 @@ def flat_params(model) -> torch.Tensor:
     return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
 
 
-def distributed(comm, cfg: TrainConfig, ds: data.Dataset, checkpoint_to: str | None = None) -> Trainer:
-    torch.manual_seed(cfg.seed)
-    model = build_model(cfg.model, tuple(ds.x.shape[1:]), ds.num_outputs).double()
-    gradsync.broadcast_parameters(model, comm)
-    torch.manual_seed(cfg.seed + comm.rank)
-    sync = gradsync.make(cfg.strategy, model, comm, cfg.bucket_mb)
-    return Trainer(model, make_optimizer(cfg, model), sync, ds, comm, cfg)
+def distributed(comm, cfg: TrainConfig, ds: data.Dataset) -> Trainer:
+    """What examples/sync_sgd.py trains: the library's replicas, strategy and loop."""
+    return Trainer.from_config(cfg, ds, comm)
 
 
 def reference(world_size: int, cfg: TrainConfig, ds: data.Dataset) -> torch.Tensor:

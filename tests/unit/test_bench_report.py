@@ -3,8 +3,8 @@
 import pytest
 
 from mpi_sgd.bench.allreduce import bus_factor, sizes
-from mpi_sgd.bench.report import human_bytes, markdown_table, parse_bytes
-from mpi_sgd.bench.timing import osu_iterations
+from mpi_sgd.report import human_bytes, markdown_table, parse_bytes
+from mpi_sgd.timing import osu_iterations
 
 
 def test_sizes_are_powers_of_two_inclusive():

@@ -4,6 +4,7 @@ import pytest
 
 from mpi_sgd import perfmodel as pm
 from mpi_sgd.bench import validate
+from tests.helpers import prints_usage_errors
 
 
 def test_assemble_is_the_weak_scaling_model():
@@ -69,8 +70,9 @@ def test_measured_step_is_the_slowest_rank_per_step_after_warm_up():
 def test_parser_errors_exit_2(capsys):
     from mpi_sgd.cli import main
 
-    for argv in (["--ranks", "2,4"], ["--steps", "5"], ["--batches", "2048"]):
+    for argv in (["--ranks", "2,4"], ["--max-steps", "5"], ["--batches", "2048"]):
         with pytest.raises(SystemExit) as e:
             main(["bench", "validate", *argv])
         assert e.value.code == 2
-    assert "--ranks must include 1 and 2" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert ("--ranks must include 1 and 2" in err) if prints_usage_errors() else err == ""  # rank 0 speaks for all

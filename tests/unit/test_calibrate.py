@@ -8,7 +8,6 @@ import pytest
 from mpi_sgd import args as argtypes
 from mpi_sgd import perfmodel as pm
 from mpi_sgd.calibrate import (
-    PRESETS,
     Calibration,
     StepTiming,
     SweepPoint,
@@ -16,7 +15,6 @@ from mpi_sgd.calibrate import (
     fit_network,
     measure_gamma,
     measure_step,
-    mlp,
     sweep_sizes,
 )
 
@@ -112,14 +110,14 @@ def test_loading_something_else_fails(tmp_path):
 
 
 def test_presets_are_ordered_by_speed():
-    t = {name: net.time(pm.ring_allreduce(4 << 20, 8)) for name, net in PRESETS.items()}
+    t = {name: net.time(pm.ring_allreduce(4 << 20, 8)) for name, net in pm.PRESETS.items()}
     assert t["1gbe"] > t["10gbe"] > t["ib100"] > t["nvlink"]
 
 
 def test_measurements_at_tiny_sizes():
     assert measure_gamma(sizes=(1 << 12, 1 << 14, 1 << 16), repeats=3) >= 0
-    step = measure_step(mlp((8, 16, 4)), batch=4, in_features=8, classes=4, warmup=1, iterations=3)
-    assert step.seconds > 0 and step.params == 8 * 16 + 16 + 16 * 4 + 4
+    step = measure_step((8, 16, 4), batch=4, warmup=1, iterations=3)
+    assert step.seconds > 0 and step.params == 8 * 16 + 16 + 16 * 4 + 4 and step.model == "mlp 8-16-4"
 
 
 def test_sweep_sizes():

@@ -204,6 +204,17 @@ def test_world_size_1_stage_is_the_whole_model_and_writes_a_trace():
         PipelineStage(comm, module, F.cross_entropy, "1f1b", micro_batches=2).forward_backward(x[:1], y[:1])
 
 
+def test_a_loss_that_is_not_finite_stops_the_step_before_its_backward():
+    torch.manual_seed(0)
+    module, _ = cut(MLP((6, 8, 3)).double(), LocalComm())
+    stage = PipelineStage(LocalComm(), module, F.cross_entropy, "gpipe", micro_batches=2)
+    x, y = torch.randn(4, 6, dtype=torch.float64), torch.tensor([0, 1, 2, 0])
+    x[3, 0] = float("nan")  # the second micro-batch's loss is nan
+    with pytest.raises(PipelineError, match="stage 0: the loss of micro-batch 1 at step 0 is nan"):
+        stage.forward_backward(x, y)
+    assert all(p.grad is None for p in module.parameters())  # GPipe: no backward ran, nothing to step on
+
+
 def test_the_diagrams_in_the_docs_are_what_simulate_lays_out():
     def rows(name):
         out = []

@@ -58,11 +58,11 @@ def test_calibration_file(tmp_path):
         ["--t-comp", "1", "--t-sync", "-0.5"],
         ["--t-comp", "1", "--t-sync", "1", "--ranks", "0,2"],
         ["--t-comp", "fast", "--t-sync", "1"],
-        ["--t-comp", "1", "--t-sync", "1", "--batch", "two"],
+        ["--t-comp", "1", "--t-sync", "1", "--batch-size", "two"],
         ["--t-comp", "1"],  # no T_sync source
         ["--t-comp", "1", "--network", "10gbe"],  # no gradient size
         ["--t-comp", "1", "--alpha", "1e-6"],  # alpha without beta
-        ["--t-comp", "1", "--t-sync", "1", "--scaling", "strong", "--batch", "4", "--ranks", "8"],
+        ["--t-comp", "1", "--t-sync", "1", "--scaling", "strong", "--batch-size", "4", "--ranks", "8"],
         ["--calibration", "no-such-file.json", "--t-sync", "1"],
         ["--calibrate", "--t-sync", "1", "--layers", "784"],  # an MLP needs two widths
     ],
@@ -76,7 +76,7 @@ def test_bad_input_exits_2_with_usage(args, tmp_path):
 
 def test_calibrate_as_one_process_with_a_network(tmp_path):
     out = run(
-        "--calibrate", "--network", "10gbe", "--layers", "8,16,4", "--batch", "4",
+        "--calibrate", "--network", "10gbe", "--layers", "8,16,4", "--batch-size", "4",
         "--save", str(tmp_path / "c.json"), "--plot", str(tmp_path / "p.png"),
     )  # fmt: skip
     assert out.returncode == 0, out.stderr

@@ -1,4 +1,9 @@
-"""Benchmark output: a markdown table on stdout, the same rows as JSON, and a PNG."""
+"""Results as people and programs read them: sizes in bytes, markdown tables, JSON files, PNGs.
+
+Below the library's measuring code (calibration, the trainer's metrics, the benchmarks), so that
+everything writes its tables and files one way. No MPI and no torch here; matplotlib is imported
+only when a figure is drawn.
+"""
 
 from __future__ import annotations
 

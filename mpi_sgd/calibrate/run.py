@@ -1,0 +1,76 @@
+"""Calibrating from wherever it is called, and ``python -m mpi_sgd.calibrate``, the job that does it."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+from ..perfmodel import ALLREDUCE_ALGORITHMS
+from .measure import calibrate, sweep_sizes
+from .records import Calibration
+
+
+def run_calibration(
+    save: str | os.PathLike | None = None,
+    max_bytes: int = 16 << 20,
+    layers: Sequence[int] | None = None,
+    batch_size: int = 64,
+    algorithm: str = "ring",
+    need_network: bool = True,
+    spawn_ranks: int = 2,
+    strategy: str = "flat",
+) -> Calibration | None:
+    """Calibrate from wherever this is called; the root gets the result, other ranks ``None``.
+
+    Under mpiexec every rank measures together. As one process that needs α and β, it starts
+    ``mpiexec -n spawn_ranks python -m mpi_sgd.calibrate`` and reads back what that job saved;
+    as one process that needs only T_comp (the network comes from elsewhere), it measures here.
+    """
+    from ..launch import placement, run_job
+
+    if placement().size == 1 and need_network:
+        import tempfile
+
+        out = Path(save) if save else Path(tempfile.mkdtemp()) / "calibration.json"
+        layers_flag = ["--layers", ",".join(map(str, layers))] if layers else []
+        flags = ["--max-bytes", str(max_bytes), *layers_flag, "--batch-size", str(batch_size),
+                 "--strategy", strategy]  # fmt: skip
+        run_job(spawn_ranks, "-m", "mpi_sgd.calibrate", "--save", str(out), *flags, "--algorithm", algorithm)
+        return Calibration.load(out)
+    from ..comm import init
+
+    comm = init("mpi4py")
+    cal = calibrate(comm, sweep_sizes(max_bytes=max_bytes), layers, batch_size, algorithm, strategy)
+    if not comm.is_root:
+        return None
+    if save:
+        cal.save(save)
+    return cal
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``mpiexec -n 2 python -m mpi_sgd.calibrate --save FILE``: measure, and the root saves."""
+    from ..args import ArgumentParser, nbytes, positive_int, positive_ints
+    from ..gradsync import STRATEGIES
+    from ..models import BENCHMARK_MLP
+
+    parser = ArgumentParser(prog="python -m mpi_sgd.calibrate", description=main.__doc__)
+    parser.add_argument("--save", type=Path, required=True, help="JSON file to write (on the root rank)")
+    parser.add_argument("--max-bytes", type=nbytes, default=16 << 20, help="largest all-reduce (default 16MiB)")
+    parser.add_argument("--layers", type=positive_ints, default=list(BENCHMARK_MLP),
+                        help=f"MLP widths to time (default {','.join(map(str, BENCHMARK_MLP))})")  # fmt: skip
+    parser.add_argument("--batch-size", type=positive_int, default=64, help="per-rank batch for T_comp (default 64)")
+    parser.add_argument("--algorithm", choices=ALLREDUCE_ALGORITHMS, default="ring", help="cost formula to fit")
+    parser.add_argument(
+        "--strategy",
+        choices=STRATEGIES,
+        default="flat",
+        help="gradient layout T_comp is timed with, as sync_sgd's --strategy (default flat)",
+    )
+    args = parser.parse_args(argv)
+    cal = run_calibration(args.save, args.max_bytes, args.layers, args.batch_size, args.algorithm,
+                          need_network=False, strategy=args.strategy)  # fmt: skip
+    if cal is not None:
+        print(f"{cal.meta['ranks']} rank(s): T_comp {cal.step.seconds * 1e3:.3f} ms; {cal.network.describe()}")
+    return 0

@@ -1,0 +1,127 @@
+"""A communicator that wraps another: the shape of every cross-cutting concern.
+
+Checking arguments in debug mode, a stall watchdog, fault injection, counting bytes: each is one
+concern that applies to every backend alike, so each is a :class:`CommWrapper` around whatever
+communicator it is given, and the backends stay plain. Wrappers stack
+(``Counting(Checked(MPIComm()))``) and can each be tested alone, around the size-1 backend.
+
+How to write one::
+
+    class CountingComm(CommWrapper):
+        \"\"\"Counts the bytes this rank all-reduces.\"\"\"
+
+        def __init__(self, inner):
+            super().__init__(inner)
+            self.bytes = 0
+
+        def allreduce(self, buf, op="sum"):
+            self.bytes += buf.numel() * buf.element_size()
+            return self.inner.allreduce(buf, op)  # then do what the wrapped one does
+
+Override only the methods the concern touches; everything else reaches ``self.inner``
+unchanged: every method of the seam is delegated here explicitly (a test checks that none is
+missing, so a method added to :class:`~mpi_sgd.comm.base.Communicator` must be added here too),
+and any other attribute (``comm`` of an MPI backend, ``device`` or ``group`` of a torch one) is
+looked up on the inner communicator.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from .base import Communicator, Request
+
+
+class CommWrapper(Communicator):
+    """Delegates the whole seam to ``inner``; subclasses override what their concern changes."""
+
+    def __init__(self, inner: Communicator):
+        self.inner = inner
+
+    # Rank and size are the inner communicator's, read through so a wrapper never goes stale.
+    @property
+    def rank(self) -> int:
+        return self.inner.rank
+
+    @property
+    def size(self) -> int:
+        return self.inner.size
+
+    @property
+    def local_rank(self) -> int:
+        return self.inner.local_rank
+
+    @property
+    def local_size(self) -> int:
+        return self.inner.local_size
+
+    @property
+    def backend(self) -> str:
+        return self.inner.backend
+
+    def __getattr__(self, name: str) -> Any:
+        # Called only for names this class lacks: a backend's own attributes (comm, device, group).
+        if name == "inner":  # not set yet (during unpickling, say): no recursion
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} of {self.inner!r}>"
+
+    def wtime(self) -> float:
+        return self.inner.wtime()
+
+    # -- point to point -------------------------------------------------------------------
+    def send(self, buf, dest: int, tag: int = 0) -> None:
+        return self.inner.send(buf, dest, tag)
+
+    def recv(self, buf, source: int, tag: int = 0):
+        return self.inner.recv(buf, source, tag)
+
+    def isend(self, buf, dest: int, tag: int = 0) -> Request:
+        return self.inner.isend(buf, dest, tag)
+
+    def irecv(self, buf, source: int, tag: int = 0) -> Request:
+        return self.inner.irecv(buf, source, tag)
+
+    # -- collectives ----------------------------------------------------------------------
+    def allreduce(self, buf, op: str = "sum"):
+        return self.inner.allreduce(buf, op)
+
+    def iallreduce(self, buf, op: str = "sum") -> Request:
+        return self.inner.iallreduce(buf, op)
+
+    def broadcast(self, buf, root: int = 0):
+        return self.inner.broadcast(buf, root)
+
+    def reduce(self, buf, op: str = "sum", root: int = 0):
+        return self.inner.reduce(buf, op, root)
+
+    def gather(self, sendbuf, recvbuf=None, root: int = 0):
+        return self.inner.gather(sendbuf, recvbuf, root)
+
+    def allgather(self, sendbuf, recvbuf):
+        return self.inner.allgather(sendbuf, recvbuf)
+
+    def scatter(self, sendbuf, recvbuf, root: int = 0):
+        return self.inner.scatter(sendbuf, recvbuf, root)
+
+    def reduce_scatter(self, sendbuf, recvbuf, counts: Sequence[int] | None = None, op: str = "sum"):
+        return self.inner.reduce_scatter(sendbuf, recvbuf, counts, op)
+
+    def barrier(self) -> None:
+        return self.inner.barrier()
+
+    def abort(self, code: int = 1) -> None:
+        return self.inner.abort(code)
+
+    # -- objects --------------------------------------------------------------------------
+    def bcast_obj(self, obj: Any, root: int = 0) -> Any:
+        return self.inner.bcast_obj(obj, root)
+
+    def allgather_obj(self, obj: Any) -> list:
+        return self.inner.allgather_obj(obj)
+
+    def gather_obj(self, obj: Any, root: int = 0) -> list | None:
+        return self.inner.gather_obj(obj, root)

@@ -1,0 +1,77 @@
+"""What a new user meets first, run the way they run it: the README's scripts copied out of the
+README and launched at the ranks their first line says, and sync_sgd.py's one-line refusals and
+divergence stop under mpiexec -n 2."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from .conftest import EXAMPLES, ROOT, run_mpi
+
+ENV = {"OMP_NUM_THREADS": "1"}
+SCRIPT = str(EXAMPLES / "sync_sgd.py")
+LAUNCH = re.compile(r"# mpiexec -n (\d+) python (\S+)\n")
+
+
+def readme_scripts() -> dict[str, tuple[int, str, str]]:
+    """Every ```python block of README.md that opens with its launch line: file -> (ranks, code, section)."""
+    text = (ROOT / "README.md").read_text()
+    scripts, section = {}, ""
+    for part in re.split(r"(^## [^\n]*$|^```python\n.*?^```$)", text, flags=re.M | re.S):
+        if part.startswith("## "):
+            section = part[3:]
+        elif part.startswith("```python\n"):
+            code = part[len("```python\n") : -3]
+            launch = LAUNCH.match(code)
+            assert launch, f"a python block in README section {section!r} does not open with its launch line"
+            scripts[launch.group(2)] = (int(launch.group(1)), code, section)
+    return scripts
+
+
+SCRIPTS = readme_scripts()
+
+
+def test_the_own_script_section_has_a_script_and_a_trainer_script():
+    own = {name for name, (_, _, section) in SCRIPTS.items() if section == "Use it in your own script"}
+    assert own == {"my_sgd.py", "my_trainer.py"}, SCRIPTS.keys()
+    code = SCRIPTS["my_sgd.py"][1]
+    for piece in ("nn.Module", "broadcast_parameters", "gradsync.make", "accumulate", "loss_scale", ".wait()"):
+        assert piece in code, piece
+
+
+@pytest.mark.parametrize("name", sorted(SCRIPTS))
+def test_readme_script_runs_as_written(name, tmp_path):
+    ranks, code, _ = SCRIPTS[name]
+    (tmp_path / name).write_text(code)  # verbatim, run from a folder of its own as a user would
+    out = run_mpi(ranks, str(tmp_path / name), env=ENV).stdout
+    if name == "my_sgd.py":
+        losses = [float(v) for v in re.findall(r"^epoch \d+  loss (\S+)$", out, re.M)]
+        assert len(losses) == 5 and losses[-1] < 0.1 * losses[0], out  # it learns (0.89 -> 0.012 measured)
+    elif name == "my_trainer.py":
+        assert float(re.search(r"held-out accuracy (\S+)", out).group(1)) > 0.9, out
+    elif name == "seam.py":
+        # 1 + 2 + ... + R, and the mean of the ranks 0 .. R-1
+        assert out.split() == [str(float(ranks * (ranks + 1) // 2)), str((ranks - 1) / 2)], out
+
+
+def test_refusal_is_one_line_once_exit_2(tmp_path):
+    # The refusal made after MPI starts (the root reads the checkpoint and broadcasts its verdict);
+    # those made before it print through the same parser.fail, and every message is checked in
+    # tests/unit/test_one_line_errors.py.
+    (tmp_path / "garbage.pt").write_bytes(b"not a checkpoint at all" * 20)
+    cases = {"resume garbage": (["--resume", str(tmp_path / "garbage.pt")], "not a torch checkpoint")}
+    for case, (args, message) in cases.items():
+        out = run_mpi(2, SCRIPT, *args, env=ENV, check=False)
+        assert out.returncode == 2, (case, out.returncode, out.stderr[-2000:])
+        lines = out.stderr.strip().splitlines()
+        assert len(lines) == 1 and message in lines[0], (case, out.stderr)  # one line, from rank 0 only
+        assert "weights_only" not in out.stderr and "epoch" not in out.stdout, case
+
+
+def test_divergence_stops_the_job_with_a_hint():
+    out = run_mpi(2, SCRIPT, "--lr", "1e4", "--epochs", "2", env=ENV, check=False)
+    assert out.returncode != 0, out.stdout
+    assert re.search(r"training diverged: loss (nan|inf) in step \d+ .*try a lower --lr than 10000", out.stderr)
+    assert "Traceback" not in out.stderr and "loss nan" not in out.stdout, out.stderr

@@ -1,0 +1,169 @@
+"""What a run cannot use is refused with one line, before any communication: a backend or device
+this machine lacks, inputs a model cannot take, a checkpoint that is unreadable, someone else's,
+for another model or optimizer, or already finished. examples/sync_sgd.py turns each ValueError
+here into that line and exit status 2 (tests/integration/test_first_hour.py runs it so)."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+import torch
+
+from mpi_sgd import checkpoint, data, gradsync
+from mpi_sgd.checkpoint import CheckpointError
+from mpi_sgd.comm.local import LocalComm
+from mpi_sgd.comm.torch_dist import unavailable
+from mpi_sgd.config import TrainConfig
+from mpi_sgd.models import build_model, check_input
+from mpi_sgd.trainer import Trainer, make_optimizer
+
+
+def one_line(e: pytest.ExceptionInfo) -> str:
+    text = str(e.value)
+    assert "\n" not in text and "Traceback" not in text and "weights_only" not in text, text
+    return text
+
+
+# -- machine ------------------------------------------------------------------------------------
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks a machine without a GPU")
+def test_cuda_device_without_a_gpu():
+    with pytest.raises(ValueError) as e:
+        TrainConfig(device="cuda").check_machine(1)
+    assert one_line(e).startswith("--device cuda: ") and "--device cpu" in str(e.value)
+
+
+def test_unknown_device_and_local_backend_in_a_job():
+    with pytest.raises(ValueError, match="unknown --device 'gpu'"):
+        TrainConfig(device="gpu").check_machine(1)
+    with pytest.raises(ValueError, match="--backend local is one process, but this job has 2"):
+        TrainConfig(backend="local").check_machine(2)
+    TrainConfig(backend="local").check_machine(1)
+    TrainConfig().check_machine(4)  # mpi4py on the CPU: always available
+
+
+@pytest.mark.parametrize(
+    "backend", ["mpi", "nccl"], ids=["torch-mpi", "nccl"]
+)  # an id "mpi" reads as pytest-mpi's mark
+def test_missing_torch_backend_says_what_to_use(backend):
+    if not unavailable(backend):
+        pytest.skip(f"this torch has {backend}")
+    with pytest.raises(ValueError) as e:
+        TrainConfig(backend=backend, device="cuda" if backend == "nccl" else "cpu").check_machine(2)
+    assert one_line(e).startswith(f"--backend {backend} is not available") or "--device cuda:" in str(e.value)
+
+
+def test_nccl_needs_a_cuda_device():
+    if unavailable("nccl"):
+        pytest.skip("this torch has no NCCL, refused before the device is looked at")
+    with pytest.raises(ValueError, match="add --device cuda"):
+        TrainConfig(backend="nccl").check_machine(2)
+
+
+# -- inputs a model cannot take ----------------------------------------------------------------
+@pytest.mark.parametrize("shape", [(100,), (784,), (3, 8, 8), (1, 8, 6), (1, 2, 2)])
+def test_lenet_wants_square_one_channel_images(shape):
+    with pytest.raises(ValueError) as e:
+        build_model("lenet", shape, 10)
+    assert one_line(e).startswith("--model lenet needs square one-channel images")
+    assert str(shape) in str(e.value)
+
+
+def test_lenet_takes_images_with_or_without_a_channel_axis():
+    for shape in [(1, 8, 8), (8, 8), (1, 28, 28)]:
+        x = torch.zeros(2, *shape)
+        check_input(build_model("lenet", shape, 10), x, "lenet")
+
+
+def test_a_model_that_cannot_take_the_input_fails_in_one_line():
+    model = build_model("mlp", (6,), 2)
+    with pytest.raises(ValueError) as e:
+        check_input(model, torch.zeros(2, 5), "mlp")  # 5 features where the model was made for 6
+    assert one_line(e).startswith("--model mlp cannot take samples of shape (5,)")
+    assert model.training  # the check left the model as it found it
+
+
+def test_negative_class_labels_are_refused(tmp_path):
+    import numpy as np
+
+    np.savez(tmp_path / "neg.npz", x=np.zeros((4, 2), np.float32), y=np.array([0, 1, -1, 1]))
+    with pytest.raises(ValueError, match="class indices and must be >= 0, found -1"):
+        data.load(str(tmp_path / "neg.npz"))
+
+
+# -- checkpoints ---------------------------------------------------------------------------------
+def trainer(tmp_path, **kw) -> Trainer:
+    cfg = TrainConfig(**{"model": "ffnet", "dataset": "toy", "epochs": 2, "progress": False, **kw})
+    ds = data.toy_regression(num_samples=64, input_size=4)
+    torch.manual_seed(0)
+    model = build_model(cfg.model, (4,), 1)
+    comm = LocalComm()
+    return Trainer(model, make_optimizer(cfg, model), gradsync.make("flat", model, comm), ds, comm, cfg)
+
+
+def written(tmp_path, name="ckpt.pt", **kw) -> str:
+    path = str(tmp_path / name)
+    trainer(tmp_path, checkpoint=path, **kw).train()
+    return path
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (b"", "not a torch checkpoint, or a truncated one"),
+        (b"hello, not a checkpoint" * 10, "not a torch checkpoint, or a truncated one"),
+        (b"not a checkpoint at all" * 20, "not a torch checkpoint, or a truncated one"),  # a bad pickle opcode
+        ("truncated", "not a torch checkpoint, or a truncated one"),
+        ("foreign objects", "holds objects other than tensors and plain containers"),
+        ("directory", "cannot read checkpoint"),
+    ],
+)
+def test_unreadable_checkpoints_never_suggest_weights_only_false(tmp_path, content, message):
+    path = tmp_path / "bad.pt"
+    if content == "truncated":
+        torch.save({"w": torch.zeros(1000)}, path)
+        path.write_bytes(path.read_bytes()[:500])
+    elif content == "foreign objects":
+        torch.save({"args": argparse.Namespace(lr=0.1)}, path)  # a pickled object: loading it runs code
+    elif content == "directory":
+        path.mkdir()
+    else:
+        path.write_bytes(content)
+    with pytest.raises(CheckpointError) as e:
+        trainer(tmp_path).load_checkpoint(str(path))
+    assert message in one_line(e) and "bad.pt" in str(e.value)
+
+
+def test_someone_elses_file_and_another_models_checkpoint(tmp_path):
+    torch.save(torch.nn.Linear(4, 1).state_dict(), tmp_path / "weights.pt")
+    with pytest.raises(CheckpointError) as e:
+        trainer(tmp_path).load_checkpoint(str(tmp_path / "weights.pt"))
+    assert "is not a checkpoint of mpi_sgd's trainer: it has no model, optimizer" in one_line(e)
+    path = written(tmp_path, epochs=1)
+    with pytest.raises(CheckpointError) as e:
+        trainer(tmp_path, model="mlp", epochs=3).load_checkpoint(path)
+    assert "was written for another model" in one_line(e) and "--model and --dataset" in str(e.value)
+
+
+def test_another_optimizers_checkpoint(tmp_path):
+    path = written(tmp_path, epochs=1)  # sgd
+    with pytest.raises(CheckpointError) as e:
+        trainer(tmp_path, optimizer="adam", epochs=3).load_checkpoint(path)
+    assert "was written with another --optimizer" in one_line(e)
+
+
+def test_resuming_a_finished_run_says_so_instead_of_training_nothing(tmp_path):
+    path = written(tmp_path, epochs=2)
+    with pytest.raises(CheckpointError) as e:
+        trainer(tmp_path, epochs=2).load_checkpoint(path)
+    assert "is already at epoch 2" in one_line(e) and "nothing is left to train with --epochs 2" in str(e.value)
+    resumed = trainer(tmp_path, epochs=3)
+    resumed.load_checkpoint(path)  # one more epoch to go: fine
+    assert resumed.train()["steps"] == 3 * resumed.steps_per_epoch
+
+
+def test_checkpoint_read_error_reaches_every_rank_alike(tmp_path):
+    # The root reads, and broadcasts the error in place of the contents: with LocalComm that is
+    # the same path every rank of a job takes (tests/integration runs it at two ranks).
+    with pytest.raises(CheckpointError, match="cannot read checkpoint"):
+        checkpoint.load(str(tmp_path / "missing.pt"), LocalComm())
