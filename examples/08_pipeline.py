@@ -24,7 +24,7 @@ from torch.nn import functional as F
 
 from mpi_sgd.args import ArgumentParser, positive_int
 from mpi_sgd.comm import init
-from mpi_sgd.launch import placement
+from mpi_sgd.launch import pin_threads, placement
 from mpi_sgd.models import MLP
 from mpi_sgd.pipeline import SCHEDULES, SPLITS, PipelineStage, cut, ideal_bubble, layers_of
 from mpi_sgd.report import write_json
@@ -49,6 +49,7 @@ if placement().size > len(sizes) - 1:
     )
 
 comm = init("mpi4py")
+pin_threads(comm.local_size)  # ranks sharing a host split its cores, as the benchmark does
 torch.manual_seed(0)  # the same seed on every rank: every rank builds the same model
 model = MLP(sizes).double()
 reference = copy.deepcopy(model)  # the unsplit model, trained in this one process

@@ -36,3 +36,11 @@ def test_08_pipeline_checks_equality_and_prints_the_bubble_table(tmp_path):
     events = json.loads(trace.read_text())["traceEvents"]
     assert {e["tid"] for e in events} == {0, 1, 2} and {e["ph"] for e in events} == {"X"}
     assert sorted(e["name"] for e in events if e["tid"] == 1) == sorted(f"{k}{i}" for k in "FB" for i in range(4))
+
+
+def test_08_pipeline_refuses_a_batch_it_cannot_cut_with_exit_2():
+    proc = run_mpi(1, str(EXAMPLES / "08_pipeline.py"), "--batch-size", "4", env=ENV, check=False, timeout=60)
+    assert proc.returncode == 2 and proc.stderr.count("usage:") == 1, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "08_pipeline.py: error: --batch-size 4 cannot be cut into 8 micro-batches: give at least 8"
+    )

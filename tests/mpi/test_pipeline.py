@@ -230,3 +230,20 @@ def test_bench_pipeline_tables_json_and_timelines(world, capsys):
                 assert [e["name"] for e in lane] == [str(op) for op in schedule_of(schedule, rank, world.size, 2)]
         shutil.rmtree(out)
     world.barrier()
+
+
+@pytest.mark.mpi(min_size=3)
+def test_bench_pipeline_refuses_more_stages_than_layers_in_one_line(world, capsys):
+    """Two layers (--depth 1 and the head) cannot make three or more stages: exit 2 before any message."""
+    from mpi_sgd.cli import build_parser
+
+    args = build_parser().parse_args(["bench", "pipeline", "--depth", "1"])
+    with pytest.raises(SystemExit) as e:
+        args.func(args)
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    expected = (
+        f"mpi-sgd bench pipeline: error: 2 layers cannot be cut into {world.size} stages: "
+        "raise --depth or run fewer ranks\n"
+    )
+    assert err == (expected if world.is_root else "")
