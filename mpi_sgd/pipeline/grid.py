@@ -14,16 +14,27 @@ from __future__ import annotations
 
 
 def grid(comm, stages: int):
-    """``(pipe, data)`` communicators of this rank on a grid of ``stages`` x ``comm.size // stages``."""
+    """``(pipe, data)`` communicators of this rank on a grid of ``stages`` x ``comm.size // stages``.
+
+    Wrappers around ``comm`` (debug checks, say) wrap each of the two halves the same way, so what
+    they add holds on the grid too.
+    """
     if stages < 1 or comm.size % stages:
         raise ValueError(f"{comm.size} ranks cannot form pipelines of {stages} stages (stages must divide the size)")
     if comm.size == 1:
         return comm, comm
-    if not hasattr(comm, "comm") or not hasattr(comm.comm, "Split"):
-        raise TypeError(f"splitting a communicator needs the mpi4py backend, not {comm.backend}")
     from ..comm.mpi import MPIComm
+    from ..comm.wrapper import CommWrapper
 
+    wrappers, base = [], comm
+    while isinstance(base, CommWrapper):
+        wrappers.append(type(base))
+        base = base.inner
+    if not isinstance(base, MPIComm):
+        raise TypeError(f"splitting a communicator needs the mpi4py backend, not {comm.backend}")
     replica, stage = divmod(comm.rank, stages)
-    pipe = MPIComm(comm.comm.Split(color=replica, key=stage))
-    data = MPIComm(comm.comm.Split(color=stage, key=replica))
+    halves = [MPIComm(base.comm.Split(color=replica, key=stage)), MPIComm(base.comm.Split(color=stage, key=replica))]
+    for wrap in reversed(wrappers):  # innermost first, as they were stacked
+        halves = [wrap(half) for half in halves]
+    pipe, data = halves
     return pipe, data

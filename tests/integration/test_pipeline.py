@@ -10,8 +10,12 @@ from .conftest import EXAMPLES, ROOT, run_mpi
 ENV = {"OMP_NUM_THREADS": "1"}  # three or four ranks share two cores in CI
 # At R = 4 the equivalence, memory, timeline and header tests; the other communicators and the
 # benchmark's in-process run add nothing new at four ranks and would only cost start-up time.
-SELECT = "equals_the_unsplit or other_splits or side_by_side or holds_fewer or timeline_has or wrong_micro_batch"
-MIN_TESTS = 14  # 6 equivalence, 2 splits, 3 grids (3 stages cannot divide 4 ranks), memory, timeline, header
+SELECT = (
+    "equals_the_unsplit or other_splits or side_by_side or keeps_the_wrappers or holds_fewer or timeline_has "
+    "or wrong_micro_batch"
+)
+# 6 equivalence, 2 splits, 3 grids (3 stages cannot divide 4 ranks), wrapped 2 x 2 grid, memory, timeline, header
+MIN_TESTS = 15
 
 
 def test_pipeline_equivalence_at_four_ranks():

@@ -136,6 +136,20 @@ def test_pipelines_side_by_side_data_parallel_equal_the_unsplit_model(world, sta
     assert max(world.allgather_obj(worst)) <= ATOL
 
 
+def test_grid_keeps_the_wrappers_of_the_communicator_it_splits(world):
+    """Debug mode on the world stays on in each pipeline and each data-parallel group."""
+    from mpi_sgd.comm.checked import CheckedComm
+
+    stages = world.size if world.size % 2 else max(1, world.size // 2)
+    pipe, data = grid(CheckedComm(world), stages)
+    assert isinstance(pipe, CheckedComm) and isinstance(data, CheckedComm)
+    assert (pipe.size, data.size, pipe.rank, data.rank) == (
+        stages,
+        world.size // stages,
+        *divmod(world.rank, stages)[::-1],
+    )
+
+
 def test_1f1b_holds_fewer_activations_than_gpipe(world):
     """Measured bytes, not the schedule's count: with equal micro-batches (B = 8, m = 4) every micro-batch
     leaves the same bytes on a stage, so GPipe's peak is m of them and 1F1B's min(R - s, m)."""
