@@ -38,7 +38,6 @@ written as a Chrome trace (``pipeline-timeline-<schedule>-n<R>.json``, open in u
 from __future__ import annotations
 
 import argparse
-import copy
 import statistics
 from pathlib import Path
 
@@ -46,11 +45,13 @@ import torch
 from torch.nn import functional as F
 
 from ..args import positive_int, positive_ints
+from ..gradsync import LocalGradients
 from ..models import MLP
 from ..pipeline import SCHEDULES, SPLITS, PipelineStage, cut, ideal_bubble, peak_in_flight, simulate
 from ..pipeline.schedule import bubble
 from ..report import add_output_arguments, markdown_table, new_figure, save_results, write_json
 from ..timing import time_interleaved
+from ..trainer import train_step
 
 
 def _model(args) -> MLP:
@@ -76,15 +77,11 @@ def _pipeline_step(comm, args, schedule: str, m: int, x, y, **kw):
 
 
 def _unsplit_step(args, x, y):
-    model = copy.deepcopy(_model(args))
+    """The whole model's step in this process: the trainer's own step, with nothing averaged."""
+    model = _model(args)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
-
-    def step():
-        opt.zero_grad(set_to_none=True)
-        F.cross_entropy(model(x), y).backward()
-        opt.step()
-
-    return step
+    sync = LocalGradients(model)
+    return lambda: train_step(model, opt, sync, x, y)
 
 
 def measure(comm, args) -> dict:
