@@ -10,7 +10,7 @@ import argparse
 from ..args import nbytes, positive_int
 from ..comm import TORCH_BACKENDS
 from ..report import add_output_arguments
-from . import grid, pipeline, sgd, validate, workers
+from . import asyncsgd, grid, pipeline, sgd, validate, workers, zero
 from .allreduce import IMPLS
 
 
@@ -76,3 +76,5 @@ def add_parser(subparsers) -> None:
     sgd.add_parser(kinds)
     pipeline.add_parser(kinds)
     validate.add_parser(kinds)
+    asyncsgd.add_parser(kinds)
+    zero.add_parser(kinds)

@@ -114,10 +114,10 @@ def test_license_is_an_spdx_string():
 
 def test_hostfiles_name_the_hosts_the_readme_uses():
     hosts = re.search(r"mpiexec -n 4 -hosts (\S+) python", README).group(1).split(",")
-    for name in ("example", "openmpi-example"):
+    for name in ("hydra", "openmpi"):
         lines = [ln for ln in (ROOT / "hostfiles" / name).read_text().splitlines() if ln and not ln.startswith("#")]
         assert [re.split(r"[: ]", ln)[0] for ln in lines] == hosts, name
-    assert f"# blocks: {hosts[0]}:2, {hosts[1]}:2" in README
+    assert f"blocks: 0,1 on {hosts[0]}; 2,3 on {hosts[1]}" in README
 
 
 def test_bench_workers_defaults_fit_the_cores():
