@@ -35,6 +35,12 @@ def grid(comm, stages: int):
     replica, stage = divmod(comm.rank, stages)
     halves = [MPIComm(base.comm.Split(color=replica, key=stage)), MPIComm(base.comm.Split(color=stage, key=replica))]
     for wrap in reversed(wrappers):  # innermost first, as they were stacked
-        halves = [wrap(half) for half in halves]
+        try:
+            halves = [wrap(half) for half in halves]
+        except TypeError:
+            raise TypeError(
+                f"grid cannot rebuild a {wrap.__name__} around each half from the communicator alone: "
+                "call grid on the unwrapped communicator and wrap pipe and data yourself"
+            ) from None
     pipe, data = halves
     return pipe, data
