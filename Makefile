@@ -49,7 +49,7 @@ endif
 # The integration tests launch their own jobs with this command.
 export MPI_SGD_MPIEXEC := $(MPIEXEC)
 
-.PHONY: venv venv-torch demo test test-unit test-mpi test-mpirun test-integration examples bench lint clean
+.PHONY: venv venv-torch demo test test-unit test-mpi test-mpirun test-integration test-gpu examples bench lint clean
 .PHONY: netns-cluster netns-validate docker-cluster docker-down
 
 venv: $(STAMP)
@@ -90,7 +90,9 @@ venv-torch:
 demo: venv
 	$(MPIEXEC) -n $(NP) $(PY) examples/sync_sgd.py
 
-test: test-unit test-mpi test-mpirun test-integration
+# The unit tests run inside test-mpirun (on both of its ranks), so make test does not run them a
+# second time on their own; make test-unit runs them alone.
+test: test-mpi test-mpirun test-integration
 
 test-unit: venv
 	$(PY) -m pytest -q --timeout=$(TEST_TIMEOUT) tests/unit
@@ -108,7 +110,15 @@ test-mpirun: venv
 	PATH="$(BIN):$$PATH" mpirun -n 2 pytest --with-mpi
 
 test-integration: venv
-	$(PY) -m pytest -q --timeout=$(TEST_TIMEOUT) tests/integration
+	$(PY) -m pytest -q --timeout=$(TEST_TIMEOUT) --durations=10 tests/integration
+
+# GPU tests, on a host with CUDA (a CUDA build of torch: TORCH_BUILD=cuda or auto): one process, then one
+# rank per GPU. Without a GPU every test skips and the target succeeds.
+test-gpu: venv
+	$(PY) -m pytest -q --timeout=$(TEST_TIMEOUT) tests/gpu
+	@n=$$($(PY) -c "import torch; print(max(1, torch.cuda.device_count()))"); \
+	echo "== GPU MPI tests at mpiexec -n $$n =="; \
+	$(MPIEXEC) -n $$n $(PY) -m mpi4py -m pytest --with-mpi -x -q --timeout=$(TEST_TIMEOUT) tests/gpu/test_gpu_mpi.py
 
 examples: venv
 	@set -e; for f in examples/0*.py examples/sync_sgd.py; do \

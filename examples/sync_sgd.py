@@ -10,7 +10,8 @@ The same file runs as one process (`python examples/sync_sgd.py`) and on many ho
 Try: --strategy naive|flat|bucketed, --optimizer adam, --dataset toy --model ffnet,
 --dataset your.npz, --val-fraction 0.2, --grad-accum 4, --checkpoint ckpt.pt then
 --resume ckpt.pt, --metrics-json metrics.json, --zero 1|2|3 (sharded data parallel; see
-examples/07_zero.py).
+examples/07_zero.py), --amp bf16, --compress bf16, --backend torch-mpi4py; on GPUs --device
+cuda (one per rank).
 """
 
 import torch
@@ -19,6 +20,7 @@ from mpi_sgd import comm as mpicomm
 from mpi_sgd import data
 from mpi_sgd.args import ArgumentParser
 from mpi_sgd.checkpoint import CheckpointError
+from mpi_sgd.comm.gpu import local_device
 from mpi_sgd.config import TrainConfig
 from mpi_sgd.launch import pin_threads, placement
 from mpi_sgd.models import build_model, check_input
@@ -37,7 +39,7 @@ try:
     cfg.check_machine(world.size)
     train, val = data.prepare(cfg.dataset, cfg.seed, cfg.val_fraction)  # val: held out, same on every rank
     data.check_size(len(train), world.size, cfg.batch_size)
-    dtype, device = getattr(torch, cfg.dtype), torch.device(cfg.device)
+    dtype, device = getattr(torch, cfg.dtype), local_device(cfg.device, world.local_rank, world.local_size)
     # a CPU replica only to try the data's shape on; Trainer.from_config builds the real one
     check_input(build_model(cfg.model, tuple(train.x.shape[1:]), train.num_outputs), train.x[:2], cfg.model)
 except (ValueError, RuntimeError) as e:

@@ -11,7 +11,9 @@ import argparse
 import os
 from dataclasses import MISSING, dataclass, field, fields
 
-from .comm import BACKENDS
+from .amp import MODES as AMP_MODES
+from .comm import BACKENDS, TORCH_BACKENDS
+from .comm.compress import DTYPES as COMPRESS_DTYPES
 from .data import BUILTIN
 from .gradsync import STRATEGIES
 from .models import MODELS
@@ -46,6 +48,10 @@ class TrainConfig:
     device: str = _flag("cpu", "torch device, e.g. cpu or cuda")
     backend: str = _flag("mpi4py", f"communicator: {', '.join(BACKENDS)}")
     dtype: str = _flag("float32", f"parameter and data dtype: {', '.join(DTYPES)}")
+    amp: str = _flag("none", "mixed precision: none, bf16 (autocast) or fp16 (autocast and a gradient scaler)")
+    compress: str = _flag(
+        "none", "all-reduce gradients in 16 bits: none, fp16 or bf16 (error bound in mpi_sgd/comm/compress.py)"
+    )
     max_steps: int = _flag(0, "stop after this many optimizer steps in total (0: run all epochs)")
     checkpoint: str | None = _flag(
         None, "write a checkpoint here (root rank, atomically) after each epoch and at the end", str
@@ -81,6 +87,10 @@ class TrainConfig:
         )
         check(self.backend in BACKENDS, f"unknown backend {self.backend!r}; choose one of {', '.join(BACKENDS)}")
         check(self.dtype in DTYPES, f"unknown dtype {self.dtype!r}; choose one of {', '.join(DTYPES)}")
+        check(self.amp in AMP_MODES, f"unknown --amp {self.amp!r}; choose one of {', '.join(AMP_MODES)}")
+        check(self.amp == "none" or self.dtype == "float32", f"--amp {self.amp} needs --dtype float32")
+        compress = ("none", *COMPRESS_DTYPES)
+        check(self.compress in compress, f"unknown --compress {self.compress!r}; choose one of {', '.join(compress)}")
         check(self.epochs >= 1, f"--epochs must be at least 1, got {self.epochs}")
         check(self.batch_size >= 1, f"--batch-size must be at least 1, got {self.batch_size}")
         check(
@@ -91,6 +101,13 @@ class TrainConfig:
         check(0 <= self.momentum < 1, f"--momentum must be in [0, 1), got {self.momentum}")
         check(self.bucket_mb > 0, f"--bucket-mb must be positive, got {self.bucket_mb}")
         check(self.zero in (0, 1, 2, 3), f"--zero must be 0, 1, 2 or 3, got {self.zero}")
+        # ZeRO reduce-scatters gradients (CompressedComm carries all-reduces only), and each rank
+        # holds only its shards' gradients, so an fp16 scaler would judge overflow per rank and the
+        # ranks could disagree on skipping a step.
+        check(
+            not (self.zero and self.compress != "none"), "--compress applies to the all-reduce strategies, not --zero"
+        )
+        check(not (self.zero and self.amp == "fp16"), "--amp fp16 cannot be combined with --zero; use --amp bf16")
         check(self.resume is None or os.path.isfile(self.resume), f"checkpoint {self.resume!r} does not exist")
         check(self.max_steps >= 0, f"--max-steps must be 0 or more, got {self.max_steps}")
         check(0 <= self.val_fraction < 1, f"--val-fraction must be in [0, 1), got {self.val_fraction}")
@@ -103,7 +120,6 @@ class TrainConfig:
         """
         import torch
 
-        from .comm.buffers import cuda_aware_declared
         from .comm.torch_dist import unavailable
 
         try:
@@ -113,15 +129,12 @@ class TrainConfig:
         if device.type == "cuda" and not torch.cuda.is_available():
             why = "this torch is a CPU build" if torch.version.cuda is None else "no GPU is visible"
             raise ValueError(f"--device {self.device}: {why}; use --device cpu")
-        if self.backend in ("gloo", "mpi", "nccl") and unavailable(self.backend):
+        if self.backend in TORCH_BACKENDS and unavailable(self.backend):
             raise ValueError(f"--backend {self.backend} is not available: {unavailable(self.backend)}")
         if self.backend == "nccl" and device.type != "cuda":
             raise ValueError("--backend nccl moves GPU memory only: add --device cuda")
-        if self.backend == "mpi4py" and device.type == "cuda" and not cuda_aware_declared():
-            raise ValueError(
-                "--device cuda with --backend mpi4py needs a CUDA-aware MPI (then set MPI_SGD_CUDA_AWARE=1); "
-                "or use --backend nccl"
-            )
+        # mpi4py with --device cuda needs no check: init() stages GPU tensors through pinned host
+        # memory where the MPI library is not CUDA-aware (mpi_sgd.comm.gpu, mpi_sgd.comm.staged).
         if self.backend == "local" and world_size > 1:
             raise ValueError(f"--backend local is one process, but this job has {world_size}; use mpi4py or gloo")
 

@@ -265,8 +265,14 @@ class BucketedAllReduce(FlatAllReduce):
             b.pending, b.finished = len(b.params), None
 
 
-def make(strategy: str, model: nn.Module, comm, bucket_mb: float = 1.0, events: list | None = None) -> GradSync:
-    """The strategy named ``strategy`` (one of :data:`STRATEGIES`) for ``model`` on ``comm``."""
+def make(strategy: str, model: nn.Module, comm, bucket_mb: float = 1.0, events: list | None = None,
+         compress: str = "none") -> GradSync:  # fmt: skip
+    """The strategy named ``strategy`` (one of :data:`STRATEGIES`) for ``model`` on ``comm``;
+    ``compress`` ``fp16``/``bf16`` carries its all-reduces in 16 bits (:mod:`mpi_sgd.comm.compress`)."""
+    if compress != "none":
+        from .comm.compress import DTYPES, CompressedComm
+
+        comm = CompressedComm(comm, DTYPES[compress])
     if strategy == "naive":
         return NaiveAllReduce(model, comm, events)
     if strategy == "flat":

@@ -29,6 +29,7 @@ from torch.nn import functional as F
 from tqdm import tqdm
 
 from . import checkpoint, data, gradsync, zero
+from .amp import MixedPrecision
 from .comm import split_counts
 from .config import TrainConfig
 from .gradsync import GradSync
@@ -62,13 +63,17 @@ class Step:
         return self.t_comp + self.t_sync
 
 
-def train_step(model, optimizer, sync: GradSync, x: torch.Tensor, y: torch.Tensor, grad_accum: int = 1) -> Step:
+def train_step(model, optimizer, sync: GradSync, x: torch.Tensor, y: torch.Tensor, grad_accum: int = 1,
+               amp: MixedPrecision | None = None) -> Step:  # fmt: skip
     """One optimizer step on this rank's batch: the step the trainer runs and every benchmark times.
 
     Cross-entropy for class indices, mean squared error for float targets. The batch is split into
     ``grad_accum`` micro-batches whose gradients accumulate; ``sync`` averages them over the ranks
     once, after the last (:class:`~mpi_sgd.gradsync.LocalGradients` where nothing is averaged).
+    ``amp`` (:class:`~mpi_sgd.amp.MixedPrecision`) wraps forward, backward and the optimizer step
+    for ``--amp``; None is full precision.
     """
+    amp = amp or MixedPrecision("none", x.device.type)
     classification = not y.dtype.is_floating_point
     loss_fn = F.cross_entropy if classification else F.mse_loss
     start = time.perf_counter()
@@ -78,11 +83,12 @@ def train_step(model, optimizer, sync: GradSync, x: torch.Tensor, y: torch.Tenso
     for i, (xm, ym) in enumerate(zip(x.chunk(grad_accum), y.chunk(grad_accum), strict=True)):
         with sync.accumulate(last=i == grad_accum - 1):
             t0 = time.perf_counter()
-            out = model(xm)
-            loss = loss_fn(out, ym)
+            with amp.autocast():
+                out = model(xm)
+                loss = loss_fn(out, ym)
             t1 = time.perf_counter()
             # mean over B/k samples, divided by k: the k micro-batches sum to the mean over B
-            (loss * (sync.loss_scale / grad_accum)).backward()
+            amp.backward(loss * (sync.loss_scale / grad_accum))
             sync.record("forward", t0, t1)
             sync.record("backward", t1, time.perf_counter())
         with torch.no_grad():
@@ -92,7 +98,7 @@ def train_step(model, optimizer, sync: GradSync, x: torch.Tensor, y: torch.Tenso
             stats[2] += len(ym)
     sync.wait()
     t0 = time.perf_counter()
-    optimizer.step()
+    amp.step(optimizer)  # with fp16's scaler: skipped on every rank alike if a gradient overflowed
     end = time.perf_counter()
     sync.record("optimizer", t0, end)
     return Step(end - start - sync.seconds, sync.seconds, stats)
@@ -119,6 +125,7 @@ class Trainer:
         self.t_sync: list[float] = []
         self.history: list[dict] = []
         self.events = sync.events  # shared with the strategy, which adds its allreduces
+        self.amp = MixedPrecision(cfg.amp, next(model.parameters()).device.type)
         if self.events is not None:
             comm.barrier()  # so every rank's timeline starts from (nearly) the same instant
         self._t0 = time.perf_counter()
@@ -140,12 +147,12 @@ class Trainer:
             sync, optimizer = zero.make(cfg.zero, model, comm, lambda shards: make_optimizer(cfg, shards), events)
         else:
             optimizer = make_optimizer(cfg, model)
-            sync = gradsync.make(cfg.strategy, model, comm, cfg.bucket_mb, events)
+            sync = gradsync.make(cfg.strategy, model, comm, cfg.bucket_mb, events, compress=cfg.compress)
         return cls(model, optimizer, sync, dataset, comm, cfg, val=val)
 
     def _run_batch(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """One step on this rank's batch, its times kept; returns (loss sum, correct, samples) to log."""
-        step = train_step(self.model, self.optimizer, self.sync, x, y, self.cfg.grad_accum)
+        step = train_step(self.model, self.optimizer, self.sync, x, y, self.cfg.grad_accum, self.amp)
         self.t_comp.append(step.t_comp)
         self.t_sync.append(step.t_sync)
         return step.stats
@@ -255,6 +262,7 @@ class Trainer:
                 "step": self.step,
                 "world_size": self.comm.size,
                 "rng": rng,
+                "amp": self.amp.state_dict(),
             }
             checkpoint.save_atomic(state, path)
 
@@ -264,6 +272,7 @@ class Trainer:
         that leaves nothing to train within ``--epochs``/``--max-steps``."""
         state = checkpoint.load(path, self.comm)
         checkpoint.restore(state, self.model, self.optimizer, path)
+        self.amp.load_state_dict(state.get("amp"))
         self.epoch, self.step_in_epoch, self.step = state["epoch"], state["step_in_epoch"], state["step"]
         if state["world_size"] == self.comm.size:
             torch.set_rng_state(state["rng"][self.comm.rank])

@@ -14,7 +14,8 @@ from .base import (
     split_counts,
 )
 
-TORCH_BACKENDS = ("gloo", "mpi", "nccl")  # torch.distributed's, behind TorchDistComm
+# torch.distributed's, behind TorchDistComm; torch-mpi4py is torch over this project's "mpi4py" group
+TORCH_BACKENDS = ("torch-mpi4py", "gloo", "mpi", "nccl")
 BACKENDS = ("mpi4py", "local", *TORCH_BACKENDS)  # every name init() accepts
 
 
@@ -23,7 +24,9 @@ def init(backend: str = "mpi4py", debug: bool | None = None, abort_on_error: boo
 
     ``mpi4py`` (the default) works at any size, ``python script.py`` included (MPI's singleton
     mode); ``local`` is world size 1 with no MPI at all; ``gloo``/``mpi``/``nccl`` are
-    torch.distributed backends rendezvousing over mpi4py. With ``debug`` (default: the
+    torch.distributed backends rendezvousing over mpi4py, and ``torch-mpi4py`` is torch.distributed
+    over this project's ``"mpi4py"`` process group (:mod:`.torch_mpi4py`). Where CUDA is present,
+    ``mpi4py`` takes GPU tensors too (:func:`_for_gpus`). With ``debug`` (default: the
     ``MPI_SGD_DEBUG`` environment variable) the communicator is wrapped in a
     :class:`~mpi_sgd.comm.checked.CheckedComm`, which compares every collective's arguments across
     ranks first. With ``abort_on_error`` an uncaught exception on any rank aborts the whole job
@@ -42,7 +45,9 @@ def init(backend: str = "mpi4py", debug: bool | None = None, abort_on_error: boo
 
         comm = MPIComm()
         check_world(comm.size)  # srun without PMI: N singletons that would each train alone
-        if backend != "mpi4py":
+        if backend == "mpi4py":
+            comm = _for_gpus(comm)
+        else:
             from .torch_dist import TorchDistComm
 
             comm = TorchDistComm(backend, comm)
@@ -53,6 +58,21 @@ def init(backend: str = "mpi4py", debug: bool | None = None, abort_on_error: boo
     if abort_on_error:
         install_abort_hook(comm)
     return comm
+
+
+def _for_gpus(comm: Communicator) -> Communicator:
+    """GPU tensors through MPI: as they are if the library is CUDA-aware, else staged via the host."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return comm
+    from .gpu import cuda_aware
+
+    if cuda_aware():
+        return comm  # MPIComm hands device memory to MPI itself, after a stream sync
+    from .staged import StagedComm
+
+    return StagedComm(comm)
 
 
 __all__ = [

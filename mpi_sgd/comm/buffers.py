@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..launch import env_flag
 from .base import CommError
 
 try:  # torch is a dependency, but keep the MPI layer importable without it
@@ -23,22 +22,13 @@ except ImportError:  # pragma: no cover
     torch = None
 
 
-def cuda_aware_declared() -> bool:
-    """Whether the user declared the MPI library CUDA-aware (``MPI_SGD_CUDA_AWARE=1``).
-
-    mpi4py has no portable query for CUDA support (MPICH and Open MPI each ship their own
-    extension), so CUDA tensors go to MPI only when the user says the library handles them.
-    """
-    return env_flag("MPI_SGD_CUDA_AWARE")
-
-
 def diagnose(buf) -> CommError:
     """Explain why ``buf`` cannot be handed to MPI as it is."""
     if torch is not None and isinstance(buf, torch.Tensor):
         if buf.is_cuda or buf.device.type not in ("cpu",):
             return CommError(
-                f"tensor on {buf.device} given to the mpi4py backend, and this MPI is not declared "
-                "CUDA-aware. Use the nccl backend for GPU tensors, move the tensor to the CPU, or set "
+                f"tensor on {buf.device} given to the mpi4py backend, and this MPI is not CUDA-aware. Use "
+                "comm.init(), which stages GPU tensors through host memory, the nccl backend, or set "
                 "MPI_SGD_CUDA_AWARE=1 if your MPI library was built with CUDA support."
             )
         if buf.dtype in (torch.bfloat16,) or not _numpy_dtype_ok(buf.dtype):
@@ -90,7 +80,9 @@ def as_array(buf) -> np.ndarray:
     try:
         view = buf.numpy()
     except (TypeError, RuntimeError, AttributeError):
-        if torch is not None and isinstance(buf, torch.Tensor) and buf.is_cuda and cuda_aware_declared():
+        from .gpu import cuda_aware
+
+        if torch is not None and isinstance(buf, torch.Tensor) and buf.is_cuda and cuda_aware():
             return buf  # mpi4py reads __cuda_array_interface__ / DLPack itself
         raise diagnose(buf) from None
     if not view.flags.c_contiguous:

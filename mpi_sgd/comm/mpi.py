@@ -3,9 +3,12 @@
 A contiguous CPU tensor goes to MPI as (address, MPI datatype), which mpi4py takes as it is: the
 cheapest of the ways in, cheaper than a ``.numpy()`` view and far cheaper than the DLPack protocol
 mpi4py would use on the tensor itself (``mpi-sgd bench allreduce`` shows the seam's per-call cost
-against raw mpi4py). Everything else (numpy arrays; tensors that fail a check, which then get the error that says
-why) goes through :func:`mpi_sgd.comm.buffers.as_array`. "avg" is MPI's SUM followed by an
-in-place division, since MPI has no average op.
+against raw mpi4py). bfloat16 (and float16 where MPI lacks it) travel the same way, reduced by
+user-defined ops (:mod:`.mpitypes`). A CUDA tensor does too when the MPI library is CUDA-aware
+(:func:`.gpu.cuda_aware`), after its stream is synchronised; otherwise ``init`` stages GPU tensors
+through host memory. Everything else (numpy arrays; tensors that fail a check, which then get the
+error that says why) goes through :func:`mpi_sgd.comm.buffers.as_array`. "avg" is MPI's SUM
+followed by an in-place division, since MPI has no average op.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from collections.abc import Sequence
 import torch
 from mpi4py import MPI
 
+from . import gpu, mpitypes
 from .base import (
     ANY_SOURCE,
     ANY_TAG,
@@ -28,23 +32,8 @@ from .base import (
 )
 from .buffers import as_array
 
-_MPI_OPS = {"sum": MPI.SUM, "avg": MPI.SUM, "min": MPI.MIN, "max": MPI.MAX, "prod": MPI.PROD}
-
-
-def _mpi_types() -> dict:
-    """torch dtype -> MPI datatype, for the dtypes this MPI library has (the numpy path's mapping)."""
-    out = {}
-    for dtype in (torch.float32, torch.float64, torch.float16, torch.int8, torch.uint8, torch.int16, torch.int32,
-                  torch.int64, torch.bool, torch.complex64, torch.complex128):  # fmt: skip
-        try:
-            out[dtype] = MPI.Datatype.fromcode(torch.empty(0, dtype=dtype).numpy().dtype.char)
-        except (KeyError, ValueError):
-            pass  # not in this MPI (float16 in some): such tensors get as_array's explanation
-    return out
-
-
-_TORCH_TO_MPI = _mpi_types()
 _fromaddress = MPI.buffer.fromaddress
+_NUMPY_OPS = {"sum": MPI.SUM, "avg": MPI.SUM, "min": MPI.MIN, "max": MPI.MAX, "prod": MPI.PROD}
 
 
 def _spec(buf):
@@ -55,8 +44,11 @@ def _spec(buf):
     holds no reference to the tensor, so non-blocking calls keep ``buf`` in their Request.
     """
     if type(buf) is torch.Tensor:  # exactly: a Parameter takes the checked path (it requires grad)
-        mpitype = _TORCH_TO_MPI.get(buf.dtype)
-        if mpitype is not None and buf.is_cpu and not buf.requires_grad and buf.is_contiguous():
+        mpitype = mpitypes.datatype(buf.dtype)  # bfloat16 too, and float16 where MPI lacks it
+        usable = buf.is_cpu or buf.is_cuda and gpu.cuda_aware()
+        if mpitype is not None and usable and not buf.requires_grad and buf.is_contiguous():
+            # MPI reads memory outside CUDA's streams: the kernels writing it must be done first.
+            gpu.sync(buf)
             # No count: mpi4py derives it from the byte length, and for the gathered side of
             # gather/allgather (the scattered side of scatter) splits it over the ranks, as it
             # does for arrays. An explicit count there would mean "per rank".
@@ -64,12 +56,10 @@ def _spec(buf):
     return as_array(buf)
 
 
-def _mpi_op(op: str):
-    try:
-        return _MPI_OPS[op]
-    except KeyError:
-        check_op(op)  # raises with the list of valid ops
-        raise
+def _mpi_op(op: str, buf):
+    """MPI's op for ``op`` on ``buf``'s dtype (a user-defined one for the 16-bit floats)."""
+    check_op(op)  # raises with the list of valid ops
+    return mpitypes.reduce_op(op, buf.dtype) if isinstance(buf, torch.Tensor) else _NUMPY_OPS[op]
 
 
 def _wildcard(value: int, mpi_value: int) -> int:
@@ -139,7 +129,7 @@ class MPIComm(Communicator):
             self.comm.Allreduce(MPI.IN_PLACE, _spec(buf), MPI.SUM)
             buf /= self.size
         else:
-            self.comm.Allreduce(MPI.IN_PLACE, _spec(buf), _mpi_op(op))
+            self.comm.Allreduce(MPI.IN_PLACE, _spec(buf), _mpi_op(op, buf))
         return buf
 
     def iallreduce(self, buf, op="sum"):
@@ -147,7 +137,7 @@ class MPIComm(Communicator):
         if op == "avg":
             check_avg(buf)
             finish = lambda: buf.__itruediv__(self.size)  # noqa: E731
-        return Request(self.comm.Iallreduce(MPI.IN_PLACE, _spec(buf), _mpi_op(op)), _wait, _test, finish, keep=buf)
+        return Request(self.comm.Iallreduce(MPI.IN_PLACE, _spec(buf), _mpi_op(op, buf)), _wait, _test, finish, keep=buf)
 
     def broadcast(self, buf, root=0):
         self.comm.Bcast(_spec(buf), root)
@@ -157,11 +147,11 @@ class MPIComm(Communicator):
         if op == "avg":
             check_avg(buf)
         if self.rank == root:
-            self.comm.Reduce(MPI.IN_PLACE, _spec(buf), _mpi_op(op), root)
+            self.comm.Reduce(MPI.IN_PLACE, _spec(buf), _mpi_op(op, buf), root)
             if op == "avg":
                 buf /= self.size
         else:
-            self.comm.Reduce(_spec(buf), None, _mpi_op(op), root)
+            self.comm.Reduce(_spec(buf), None, _mpi_op(op, buf), root)
         return buf
 
     def gather(self, sendbuf, recvbuf=None, root=0):
@@ -179,13 +169,13 @@ class MPIComm(Communicator):
         return recvbuf
 
     def reduce_scatter(self, sendbuf, recvbuf, counts: Sequence[int] | None = None, op="sum"):
-        send, recv = as_array(sendbuf).reshape(-1), as_array(recvbuf).reshape(-1)
-        counts = list(counts) if counts is not None else split_counts(send.size, self.size)
+        n = sendbuf.numel() if isinstance(sendbuf, torch.Tensor) else sendbuf.size
+        counts = list(counts) if counts is not None else split_counts(n, self.size)
         if op == "avg":
-            check_avg(recv)
-        self.comm.Reduce_scatter(send, recv, counts, _mpi_op(op))
+            check_avg(recvbuf)
+        self.comm.Reduce_scatter(_spec(sendbuf), _spec(recvbuf), counts, _mpi_op(op, sendbuf))
         if op == "avg":
-            recv /= self.size
+            recvbuf /= self.size
         return recvbuf
 
     def ireduce_scatter(self, sendbuf, recvbuf, counts: Sequence[int] | None = None, op="sum"):
@@ -195,7 +185,7 @@ class MPIComm(Communicator):
         if op == "avg":
             check_avg(recv)
             finish = lambda: recv.__itruediv__(self.size)  # noqa: E731
-        handle = self.comm.Ireduce_scatter(send, recv, counts, _mpi_op(op))
+        handle = self.comm.Ireduce_scatter(send, recv, counts, _mpi_op(op, sendbuf))
         return Request(handle, _wait, _test, finish, keep=(sendbuf, recvbuf))
 
     def iallgather(self, sendbuf, recvbuf):

@@ -13,7 +13,11 @@ What each backend lacks is filled in here, and nowhere else:
 * gloo has no reduce_scatter, and none of the backends has one with uneven segments: those
   fall back to an all-reduce of a copy and a slice (correct, but moves ``size`` times more data).
 * The pip wheels of torch are built without the MPI backend; asking for it there fails with a
-  message saying so (use ``mpi4py``, the default, or gloo).
+  message saying so (use ``mpi4py``, the default, ``torch-mpi4py`` or gloo).
+
+``torch-mpi4py`` is torch.distributed over this project's own ``"mpi4py"`` process group
+(:mod:`.torch_mpi4py`): MPI under the torch API, where the pip wheels have no ``"mpi"``. It has
+an average op and reduce-scatter of its own, so neither needs filling in.
 """
 
 from __future__ import annotations
@@ -30,6 +34,10 @@ import torch.distributed as dist
 from . import TORCH_BACKENDS
 from .base import CommError, Communicator, Request, check_avg, check_op, displacements, split_counts
 from .local import Loopback
+from .rendezvous import routable_address
+
+TORCH_NAME = {"torch-mpi4py": "mpi4py"}  # seam backend -> torch.distributed backend, where they differ
+NATIVE_AVG_AND_REDUCE_SCATTER = ("torch-mpi4py", "nccl")
 
 
 def _t(buf):
@@ -51,25 +59,11 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _routable_address() -> str:
-    """An address of this host that the other hosts can reach (not 127.0.1.1 from /etc/hosts)."""
-    host = socket.gethostname()
-    try:
-        addr = socket.gethostbyname(host)
-    except OSError:
-        addr = "127.0.0.1"
-    if addr.startswith("127."):
-        # Ask the kernel which interface it would use to leave the host; no packet is sent.
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-            try:
-                s.connect(("192.0.2.1", 9))  # TEST-NET-1: routing lookup only
-                addr = s.getsockname()[0]
-            except OSError:
-                pass
-    return addr
-
-
 def backend_available(name: str) -> bool:
+    if name == "torch-mpi4py":
+        from . import torch_mpi4py  # noqa: F401 - registers the backend; always there
+
+        return True
     return {"gloo": dist.is_gloo_available, "mpi": dist.is_mpi_available, "nccl": dist.is_nccl_available}[name]()
 
 
@@ -78,8 +72,9 @@ def unavailable(name: str) -> str | None:
     if backend_available(name):
         return None
     return {
-        "mpi": "this torch was built without MPI (the pip wheels are); build torch from source "
-        "against your MPI, or use --backend mpi4py (the default) or gloo",
+        "mpi": "this torch was built without MPI (the pip wheels are); use --backend torch-mpi4py "
+        "(torch.distributed over mpi4py, no build needed), mpi4py (the default) or gloo, or build "
+        "torch from source against your MPI",
         "nccl": "this torch has no NCCL (a CPU build, or no CUDA); use gloo or mpi4py",
         "gloo": "this torch was built without gloo",
     }[name]
@@ -110,6 +105,7 @@ class TorchDistComm(Communicator):
         if unavailable(backend):
             raise CommError(f"torch.distributed backend {backend!r} is not available: {unavailable(backend)}")
         self.backend = backend
+        self.torch_backend = TORCH_NAME.get(backend, backend)
         self.mpi = mpi
         self.rank, self.size = mpi.rank, mpi.size
         self.local_rank, self.local_size = mpi.local_rank, mpi.local_size
@@ -139,7 +135,9 @@ class TorchDistComm(Communicator):
                 f"torch knows these ranks as {self.torch_ranks}: they must be distinct and in order "
                 "(split the communicator with key=rank, from the world the first torch communicator spans)"
             )
-        return dist.new_group(self.torch_ranks, timeout=timeout, backend=self.backend, use_local_synchronization=True)
+        return dist.new_group(
+            self.torch_ranks, timeout=timeout, backend=self.torch_backend, use_local_synchronization=True
+        )
 
     def _init_default_group(self, timeout: datetime.timedelta) -> None:
         self.torch_ranks = list(range(self.size))
@@ -151,9 +149,9 @@ class TorchDistComm(Communicator):
         if "MASTER_ADDR" in os.environ and "MASTER_PORT" in os.environ:
             addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
         else:
-            addr, port = self.mpi.bcast_obj((_routable_address(), _free_port()) if self.mpi.is_root else None)
+            addr, port = self.mpi.bcast_obj((routable_address(), _free_port()) if self.mpi.is_root else None)
         dist.init_process_group(
-            self.backend,
+            self.torch_backend,
             init_method=f"tcp://{addr}:{port}",
             rank=self.rank,
             world_size=self.size,
@@ -163,7 +161,7 @@ class TorchDistComm(Communicator):
     def _reduce_op(self, op: str):
         check_op(op)
         if op == "avg":
-            if self.backend == "nccl":
+            if self.backend in NATIVE_AVG_AND_REDUCE_SCATTER:
                 return dist.ReduceOp.AVG
             return dist.ReduceOp.SUM
         return {
@@ -177,7 +175,7 @@ class TorchDistComm(Communicator):
         if op != "avg":
             return False
         check_avg(buf)
-        return self.backend != "nccl"
+        return self.backend not in NATIVE_AVG_AND_REDUCE_SCATTER
 
     # -- point to point -------------------------------------------------------------------
     def send(self, buf, dest, tag=0):
@@ -244,7 +242,7 @@ class TorchDistComm(Communicator):
     def reduce_scatter(self, sendbuf, recvbuf, counts=None, op="sum"):
         send, recv = _t(sendbuf).reshape(-1), _t(recvbuf).reshape(-1)
         counts = list(counts) if counts is not None else split_counts(send.numel(), self.size)
-        if self.backend == "nccl" and len(set(counts)) == 1:
+        if self.backend in NATIVE_AVG_AND_REDUCE_SCATTER and len(set(counts)) == 1:
             divide = self._needs_divide(op, recv)
             dist.reduce_scatter_tensor(recv, send, self._reduce_op(op), self.group)
             if divide:

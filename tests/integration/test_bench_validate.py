@@ -17,7 +17,10 @@ def test_validate_tiny(tmp_path):
            "--max-steps", "12", "--max-bytes", "64KiB", "--repeats", "1", "--out-dir", str(tmp_path)]  # fmt: skip
     out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=150,
                          env={**os.environ, "MPIEXEC_TIMEOUT": "100"})  # fmt: skip
-    assert out.returncode == 0, out.stdout + out.stderr
+    # Exit 1 is the benchmark's verdict that the model called the wrong side of break-even; at 12
+    # steps on a busy machine that can happen, and a timed verdict is not what this test checks.
+    wrong_side = "MISSED: speedup < 1 exactly where predicted (wrong side beyond the spread" in out.stdout
+    assert out.returncode == 0 or (out.returncode == 1 and wrong_side), out.stdout + out.stderr
     assert "| config | R | pred step (ms) | meas step (ms) | error % |" in out.stdout
     assert re.search(r"^\|\s+B=4 \|\s+2 \|", out.stdout, re.MULTILINE)
     assert re.search(r"^(met|MISSED|inconclusive): \|error\| <= 10% at R = 1, 2", out.stdout, re.MULTILINE)

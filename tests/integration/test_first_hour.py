@@ -54,6 +54,8 @@ def test_readme_script_runs_as_written(name, tmp_path):
     elif name == "pipe.py":  # printed by the last stage only; the step is the unsplit model's, so it learns
         losses = [float(v) for v in re.findall(r"^step \d+  loss (\S+)$", out, re.M)]
         assert len(losses) == 3 and losses[0] > losses[1] > losses[2], out
+    elif name == "ddp_over_mpi.py":
+        assert out.split() == [str(float(ranks * (ranks - 1) // 2))], out
     elif name == "seam.py":
         # 1 + 2 + ... + R, and the mean of the ranks 0 .. R-1
         assert out.split() == [str(float(ranks * (ranks + 1) // 2)), str((ranks - 1) / 2)], out

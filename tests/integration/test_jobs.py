@@ -6,6 +6,8 @@ import json
 import re
 import time
 
+import pytest
+
 from .conftest import run_mpi
 
 
@@ -62,6 +64,18 @@ def test_bench_rejects_bad_sizes():
     assert proc.returncode == 2 and "not a size: 'lots'" in proc.stderr
 
 
+def test_bench_sgd_on_a_gpu_it_lacks_is_one_line():
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this host has a GPU: make test-gpu runs the GPU benchmarks' code")
+    proc = run_mpi(1, "-m", "mpi_sgd.cli", "bench", "sgd", "--device", "cuda", "--backend", "nccl",
+                   check=False, timeout=60)  # fmt: skip
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert lines[0].startswith("mpi-sgd bench sgd: error: --device cuda: ") and "--device cpu" in lines[0]
+
+
 def test_bench_sgd_prints_ddp_bench_columns_and_sweeps_buckets(tmp_path):
     proc = run_mpi(
         2,
@@ -79,15 +93,22 @@ def test_bench_sgd_prints_ddp_bench_columns_and_sweeps_buckets(tmp_path):
         "1",
         "--bucket-mb",
         "0.5,2",
+        "--backend",  # the strategies over torch.distributed's "mpi4py" group, beside DDP on it and gloo
+        "torch-mpi4py",
         "--out-dir",
         str(tmp_path),
     )
     header = next(line for line in proc.stdout.splitlines() if line.startswith("|"))
     cells = [c.strip() for c in header.strip("|").split("|")]
-    assert cells == ["model", "variant", "step ms", "± std", "comm ms", "± std", "comm frac", "x DDP-gloo", "x local"]
-    rows = json.loads((tmp_path / "sgd-n2.json").read_text())["rows"]
+    assert cells == ["model", "variant", "step ms", "± std", "comm ms", "± std", "comm frac", "x DDP-gloo", "x local",
+                     "exposed ms"]  # fmt: skip
+    payload = json.loads((tmp_path / "sgd-n2.json").read_text())
+    assert (payload["backend"], payload["device"]) == ("torch-mpi4py", "cpu")
+    rows = payload["rows"]
     names = [r["variant"] for r in rows]
-    assert names == ["local", "naive", "flat", "bucketed 0.5MB", "bucketed 2MB", "ddp-gloo", "comm-only"]
+    assert names == ["local", "naive", "flat", "bucketed 0.5MB", "bucketed 2MB", "ddp-gloo", "ddp-mpi4py", "comm-only"]
+    by_name = {r["variant"]: r for r in rows}
+    assert by_name["ddp-mpi4py"]["exposed_s"] == by_name["ddp-mpi4py"]["step_s"] - by_name["local"]["step_s"]
     for r in rows:
         if r["variant"] in ("naive", "flat", "bucketed 0.5MB"):
             # blocked time is part of the step, never more than all of it

@@ -1,7 +1,8 @@
 """Every test here runs its body against each communicator (the mpi4py tests' mixin idea):
-COMM_WORLD, a duplicate of it, COMM_SELF (size 1 inside any job), the size-1 LocalComm and
-torch.distributed's gloo. Tests are collected in the same order on every rank, which pytest-mpi
-relies on: ranks must enter the same collectives in the same order."""
+COMM_WORLD, a duplicate of it, COMM_SELF (size 1 inside any job), the size-1 LocalComm,
+torch.distributed's gloo, and torch.distributed over this project's "mpi4py" process group.
+Tests are collected in the same order on every rank, which pytest-mpi relies on: ranks must
+enter the same collectives in the same order."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from mpi4py import MPI
 from mpi_sgd.comm.local import LocalComm
 from mpi_sgd.comm.mpi import MPIComm
 
-COMMS = ("world", "dup", "self", "local", "gloo")
+COMMS = ("world", "dup", "self", "local", "gloo", "torch-mpi4py")
 _made: dict[str, object] = {}
 
 
@@ -25,10 +26,10 @@ def _make(name: str):
             _made[name] = MPIComm(MPI.COMM_SELF)
         elif name == "local":
             _made[name] = LocalComm()
-        else:
+        else:  # gloo, torch-mpi4py: each on a torch group of its own
             from mpi_sgd.comm.torch_dist import TorchDistComm
 
-            _made[name] = TorchDistComm("gloo", _make("world"))
+            _made[name] = TorchDistComm(name, _make("world"))
     return _made[name]
 
 

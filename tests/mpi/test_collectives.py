@@ -149,6 +149,24 @@ def test_objects(comm):
     comm.barrier()
 
 
+@pytest.mark.parametrize("dtype", (torch.float16, torch.bfloat16))
+def test_16_bit_floats(comm, dtype):
+    """bfloat16 has no MPI datatype (float16 only in some libraries): user-defined ops add them.
+    Each addition rounds to the 16-bit type, so the sum errs by at most (size-1)·u·Σ|x| beyond
+    rounding the inputs themselves; (size+1)·u·Σ|x| covers both (u = eps of the 16-bit type)."""
+    x = torch.from_numpy(rank_data(comm.rank, 1001, "float32")).to(dtype)
+    parts = torch.stack([torch.from_numpy(rank_data(r, 1001, "float32")).to(dtype) for r in range(comm.size)])
+    comm.allreduce(x, "sum")
+    err = (x.double() - parts.double().sum(0)).abs()
+    assert (err <= (comm.size + 1) * torch.finfo(dtype).eps * parts.double().abs().sum(0)).all()
+    got = torch.zeros(comm.size, 7, dtype=dtype)
+    comm.allgather(parts[comm.rank, :7].clone(), got)  # data movement: exact
+    assert torch.equal(got, parts[:, :7])
+    out = torch.zeros(7, dtype=dtype)
+    comm.reduce_scatter(parts[comm.rank, : 7 * comm.size].clone(), out, op="max")
+    assert torch.equal(out, parts[:, 7 * comm.rank : 7 * (comm.rank + 1)].max(0).values)
+
+
 def check_segment(got, op, size, counts, rank, dtype):
     """Segment ``rank`` of the reduction over all ranks, within the tolerance of tests/helpers.py."""
     start, n = sum(counts[:rank]), sum(counts)

@@ -15,6 +15,7 @@ from mpi4py import MPI
 
 from mpi_sgd.comm.mpi import MPIComm
 from mpi_sgd.comm.torch_dist import TorchDistComm, backend_available
+from mpi_sgd.comm.torch_mpi4py import MPI4PyProcessGroup
 
 pytestmark = pytest.mark.mpi
 
@@ -81,3 +82,17 @@ def test_nccl_beside_gloo(world, pair):
     y = torch.full((4,), world.rank + 1.0)
     whole.allreduce(y)
     assert x.cpu().tolist() == y.tolist() == [world.size * (world.size + 1) / 2] * 4
+
+
+def test_the_mpi4py_torch_backend_on_a_part_of_the_world(world, pair):
+    # torch-mpi4py over the same split as the gloo part: a group of its own, whose process group is
+    # an MPI sub-communicator of exactly the part's ranks (MPI_Comm_create_group, members only).
+    whole, part, first = pair
+    ours = TorchDistComm("torch-mpi4py", MPIComm(world.comm.Split(int(first), key=world.rank)))
+    assert ours.group not in (whole.group, part.group, dist.group.WORLD)
+    assert dist.get_backend(ours.group) == "mpi4py"
+    assert isinstance(ours.group, MPI4PyProcessGroup) and ours.group.comm.Get_size() == part.size
+    x = torch.tensor([world.rank + 1.0])
+    ours.allreduce(x, "avg")  # the backend's own average
+    members = part.allgather_obj(world.rank)
+    assert x.item() == pytest.approx(sum(r + 1 for r in members) / len(members), rel=1e-6)  # float32: one rounding

@@ -27,7 +27,7 @@ def test_numpy_passes_through():
         (torch.zeros(4, 4).t(), "not contiguous"),
         (torch.zeros(3, dtype=torch.bfloat16), "bfloat16 has no MPI datatype"),
         (torch.zeros(3, requires_grad=True), "requires grad"),
-        (torch.zeros(3, device="meta"), "not declared CUDA-aware"),
+        (torch.zeros(3, device="meta"), "this MPI is not CUDA-aware"),
         (np.zeros((4, 4))[:, 1], "not C-contiguous"),
         ([1.0, 2.0], "expected a torch.Tensor or numpy.ndarray"),
     ],

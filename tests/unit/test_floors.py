@@ -19,7 +19,8 @@ PACKAGE = Path(__file__).resolve().parents[2] / "mpi_sgd"
 FLOORS = (
     ("launch", "report", "args", "cluster"),  # where a process sits and on which hosts; results; flags
     ("comm",),  # the seam and its backends and wrappers
-    ("collectives", "timing", "data", "models", "checkpoint", "perfmodel", "guide"),  # built on the seam, or pure
+    # built on the seam, or pure
+    ("collectives", "timing", "data", "models", "checkpoint", "amp", "perfmodel", "guide"),
     ("gradsync", "pipeline", "paramserver", "zero"),  # parallelism strategies
     ("config", "trainer"),  # the training loop
     ("calibrate",),  # measuring the machine with the trainer's own step

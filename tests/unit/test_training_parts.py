@@ -56,7 +56,12 @@ def test_dataset_smaller_than_RB_is_refused():
         ({"dataset": "mnist"}, "unknown dataset 'mnist'"),
         ({"grad_accum": 3, "batch_size": 8}, "--grad-accum must divide"),
         ({"bucket_mb": 0}, "--bucket-mb must be positive"),
+        ({"amp": "fp8"}, "unknown --amp 'fp8'"),
+        ({"amp": "bf16", "dtype": "float64"}, "--amp bf16 needs --dtype float32"),
+        ({"compress": "int8"}, "unknown --compress 'int8'"),
         ({"zero": 4}, "--zero must be 0, 1, 2 or 3"),
+        ({"zero": 2, "compress": "bf16"}, "--compress applies to the all-reduce strategies, not --zero"),
+        ({"zero": 1, "amp": "fp16"}, "--amp fp16 cannot be combined with --zero"),
     ],
 )
 def test_bad_config_is_refused_with_a_clear_message(kw, message):

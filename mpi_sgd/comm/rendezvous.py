@@ -1,0 +1,88 @@
+"""torch.distributed's rendezvous carried by MPI: no MASTER_ADDR, MASTER_PORT, RANK or WORLD_SIZE.
+
+``dist.init_process_group`` first meets the other processes through a key-value store, by default
+through ``env://``, which reads those four variables. Under ``mpiexec`` MPI already knows rank and
+size and can carry the rest: rank 0 starts a ``TCPStore`` on a port the kernel picks, broadcasts
+its address and port over ``MPI.COMM_WORLD``, and everyone else connects. No port is guessed, so
+two jobs on one host cannot collide.
+
+:func:`install` makes ``env://`` do that whenever ``MASTER_ADDR``/``MASTER_PORT`` are not set,
+for any backend (gloo included); with them set, torch's own handler runs unchanged, so a
+``torchrun`` launch behaves as before. torch offers no public way to extend a scheme that is
+already registered, hence the one assignment into ``torch.distributed.rendezvous``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import socket
+from datetime import timedelta
+from urllib.parse import parse_qs, urlparse
+
+import torch.distributed as dist
+from torch.distributed.constants import default_pg_timeout
+
+
+def routable_address() -> str:
+    """An address of this host that the other hosts can reach (not 127.0.1.1 from /etc/hosts)."""
+    host = socket.gethostname()
+    try:
+        addr = socket.gethostbyname(host)
+    except OSError:
+        addr = "127.0.0.1"
+    if addr.startswith("127."):
+        # Ask the kernel which interface it would use to leave the host; no packet is sent.
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            try:
+                s.connect(("192.0.2.1", 9))  # TEST-NET-1: routing lookup only
+                addr = s.getsockname()[0]
+            except OSError:
+                pass
+    return addr
+
+
+def mpi_store(timeout: timedelta, rank: int | None = None, world_size: int | None = None):
+    """``(store, rank, world_size)`` for this MPI job: a TCPStore on rank 0, found through MPI.
+
+    ``rank``/``world_size``, if the caller gave them, must be MPI's own; a mismatch is an error
+    here rather than a hang later.
+    """
+    from mpi4py import MPI
+
+    world = MPI.COMM_WORLD
+    for given, actual, what in ((rank, world.rank, "rank"), (world_size, world.size, "world_size")):
+        if given not in (None, -1, actual):
+            raise ValueError(f"{what}={given} given, but MPI says {actual}; leave it out under mpiexec")
+    store = None
+    if world.rank == 0:
+        # Port 0: the kernel picks a free one, so no port is guessed and none can be taken meanwhile.
+        store = dist.TCPStore(routable_address(), 0, world.size, True, timeout, wait_for_workers=False)
+        addr_port = (routable_address(), store.port)
+    else:
+        addr_port = None
+    addr, port = world.bcast(addr_port, root=0)
+    if store is None:
+        store = dist.TCPStore(addr, port, world.size, False, timeout)
+    return store, world.rank, world.size
+
+
+# The module (``torch.distributed.rendezvous`` the attribute is the function of that name).
+_rdzv = importlib.import_module("torch.distributed.rendezvous")
+_torch_env_handler = _rdzv._rendezvous_handlers["env"]
+
+
+def _env_or_mpi(url: str, timeout: timedelta = default_pg_timeout, **kwargs):
+    if os.environ.get("MASTER_ADDR") and os.environ.get("MASTER_PORT"):
+        yield from _torch_env_handler(url, timeout, **kwargs)
+        return
+    query = {k: int(v[-1]) for k, v in parse_qs(urlparse(url).query).items() if k in ("rank", "world_size")}
+    rank = query.get("rank", os.environ.get("RANK"))
+    size = query.get("world_size", os.environ.get("WORLD_SIZE"))
+    yield mpi_store(timeout, None if rank is None else int(rank), None if size is None else int(size))
+    raise RuntimeError("the MPI rendezvous cannot be repeated; restart the job")
+
+
+def install() -> None:
+    """Let ``env://`` rendezvous through MPI when MASTER_ADDR/MASTER_PORT are not set (idempotent)."""
+    _rdzv._rendezvous_handlers["env"] = _env_or_mpi

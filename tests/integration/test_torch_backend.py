@@ -1,0 +1,48 @@
+"""The "mpi4py" torch.distributed backend launched as users launch it: under mpiexec.
+
+``make test`` runs tests/mpi at -n 1 and 3, and at -n 2 through ``mpirun -n 2 pytest``; here the
+backend's MPI tests run at -n 4 as well, in a fresh job where they are the first to touch
+torch.distributed, so the default group is started by ``dist.init_process_group("mpi4py")`` with
+no address, port, rank or size given.
+"""
+
+from __future__ import annotations
+
+import re
+
+from .conftest import EXAMPLES, ROOT, run_mpi
+
+ENV = {"OMP_NUM_THREADS": "1"}
+MIN_TESTS = 45  # test_torch_backend.py and test_torch_ddp.py together
+
+
+def test_backend_and_ddp_at_four_ranks():
+    files = [str(ROOT / "tests" / "mpi" / f) for f in ("test_torch_backend.py", "test_torch_ddp.py")]
+    out = run_mpi(4, "-m", "mpi4py", "-m", "pytest", "--with-mpi", "-x", "-q", "-p", "no:cacheprovider", *files,
+                  env=ENV, timeout=240)  # fmt: skip
+    ran = [int(n) for n in re.findall(r"(\d+) passed", out.stdout)]
+    assert len(ran) == 4 and min(ran) >= MIN_TESTS, out.stdout[-2000:]  # every rank ran them, none skipped
+
+
+def test_example_06_trains_ddp_over_mpi():
+    out = run_mpi(2, str(EXAMPLES / "06_torch_ddp_over_mpi.py"), env=ENV).stdout
+    epochs = re.findall(r"epoch (\d+)  loss ([\d.]+)  accuracy ([\d.]+)  \(2 rank\(s\), mpi4py\)", out)
+    assert [int(e) for e, _, _ in epochs] == [0, 1, 2], out
+    losses = [float(loss) for _, loss, _ in epochs]
+    assert losses[-1] < 0.7 * losses[0] and float(epochs[-1][2]) > 0.6, out  # it learns
+    assert "replicas identical on all 2 ranks: True" in out
+
+
+def test_example_06_rejects_bad_flags_before_starting():
+    proc = run_mpi(1, str(EXAMPLES / "06_torch_ddp_over_mpi.py"), "--epochs", "0", check=False, timeout=60)
+    assert proc.returncode == 2 and "--epochs and --batch-size must be at least 1" in proc.stderr
+
+
+def test_the_seam_over_torch_mpi4py_and_the_pointer_from_mpi():
+    # --backend torch-mpi4py: the seam's collectives through torch.distributed over the new backend,
+    # at an odd size, against 03's one-process references
+    out = run_mpi(3, str(EXAMPLES / "03_collectives.py"), "--backend", "torch-mpi4py", env=ENV).stdout
+    assert "all collectives agree with the one-process reference" in out
+    # torch's own "mpi" backend is absent from the pip wheels: the error says what to use instead
+    proc = run_mpi(1, str(EXAMPLES / "03_collectives.py"), "--backend", "mpi", check=False, timeout=60)
+    assert proc.returncode != 0 and "use --backend torch-mpi4py" in proc.stderr
