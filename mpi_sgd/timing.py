@@ -9,6 +9,13 @@ One addition for noisy machines: when several implementations are compared, thei
 iterations are split into ``rounds`` blocks and the blocks are interleaved (A B C A B C ...),
 so a burst of load from elsewhere hits all of them alike, and the order rotates from round to
 round. Each rank's figure is the median block, which a single disturbed block cannot move.
+
+Timelines (the trainer's ``--timeline``, a pipeline's F/B boxes) are Chrome traces, viewable in
+ui.perfetto.dev or chrome://tracing: each rank records its own events as ``(name, start,
+seconds)`` or ``(name, start, seconds, args)`` with ``start`` read from ``time.perf_counter()``,
+and :func:`chrome_trace` gathers them on the root as complete events (``"ph": "X"``), one lane
+(``tid``) per rank, ``ts``/``dur`` in microseconds since ``t0``, the instant the ranks left a
+common barrier (each rank passes its own reading).
 """
 
 from __future__ import annotations
@@ -79,3 +86,19 @@ def time_interleaved(
                 sync()
             blocks[name].append((comm.wtime() - t0) / per_block)
     return {name: across_ranks(comm, statistics.median(times)) for name, times in blocks.items()}
+
+
+def chrome_trace(comm: Communicator, events, t0: float) -> dict | None:
+    """Every rank's ``events`` as one Chrome trace on the root; ``None`` on the other ranks."""
+    mine = [(e[0], e[1] - t0, e[2], e[3] if len(e) > 3 else None) for e in events]
+    everyone = comm.gather_obj(mine)
+    if not comm.is_root:
+        return None
+    trace = []
+    for rank, evs in enumerate(everyone):
+        for name, start, seconds, args in evs:
+            event = {"name": name, "ph": "X", "pid": 0, "tid": rank, "ts": 1e6 * start, "dur": 1e6 * seconds}
+            if args:
+                event["args"] = args
+            trace.append(event)
+    return {"traceEvents": trace, "displayTimeUnit": "ms"}

@@ -35,7 +35,7 @@ from .config import TrainConfig
 from .gradsync import GradSync
 from .launch import JobError
 from .models import build_model
-from .timing import WARMUP_STEPS
+from .timing import WARMUP_STEPS, chrome_trace
 
 
 class TrainingDiverged(JobError):
@@ -338,13 +338,4 @@ class Trainer:
         (``allreduce[i]`` per bucket), ``tid`` = rank, ``ts``/``dur`` in microseconds since the
         ranks left a common barrier when the trainer was made.
         """
-        mine = [(n, s - self._t0, d) for n, s, d in self.events or []]
-        everyone = self.comm.gather_obj(mine)
-        if not self.comm.is_root:
-            return None
-        trace = [
-            {"name": n, "ph": "X", "pid": 0, "tid": rank, "ts": 1e6 * s, "dur": 1e6 * d}
-            for rank, events in enumerate(everyone)
-            for n, s, d in events
-        ]
-        return {"traceEvents": trace, "displayTimeUnit": "ms"}
+        return chrome_trace(self.comm, self.events or [], self._t0)

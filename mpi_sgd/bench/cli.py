@@ -10,7 +10,7 @@ import argparse
 from ..args import nbytes, positive_int
 from ..comm import TORCH_BACKENDS
 from ..report import add_output_arguments
-from . import asyncsgd, grid, sgd, shm, validate, workers, zero
+from . import asyncsgd, grid, pipeline, sgd, shm, validate, workers, zero
 from .allreduce import IMPLS
 
 
@@ -74,6 +74,7 @@ def add_parser(subparsers) -> None:
     grid.add_parser(kinds)
     workers.add_parser(kinds)
     sgd.add_parser(kinds)
+    pipeline.add_parser(kinds)
     validate.add_parser(kinds)
     asyncsgd.add_parser(kinds)
     zero.add_parser(kinds)

@@ -21,7 +21,7 @@ FLOORS = (
     ("comm",),  # the seam and its backends and wrappers
     # built on the seam, or pure
     ("collectives", "timing", "data", "models", "checkpoint", "amp", "perfmodel", "guide"),
-    ("gradsync", "paramserver", "zero"),  # parallelism strategies
+    ("gradsync", "pipeline", "paramserver", "zero"),  # parallelism strategies
     ("config", "trainer"),  # the training loop
     ("calibrate",),  # measuring the machine with the trainer's own step
     ("bench",),  # benchmarks: the top floor of the library

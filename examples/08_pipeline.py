@@ -1,0 +1,112 @@
+# mpiexec -n 3 python examples/08_pipeline.py --schedule 1f1b
+"""Step 8: pipeline parallelism. The model is cut into one stage per rank; micro-batches flow forward
+through the stages and their gradients flow back, as point-to-point messages.
+
+    GPipe  stage 0: F0 F1 F2 F3 .  .  .  .  B3 B2 B1 B0     all forwards, then all backwards
+           stage 1: .  F0 F1 F2 F3 .  .  B3 B2 B1 B0 .
+           stage 2: .  .  F0 F1 F2 F3 B3 B2 B1 B0 .  .
+    1F1B   stage 0: F0 F1 F2 .  .  B0 F3 B1 .  B2 .  B3     fewer activations held, same bubble
+           stage 1: .  F0 F1 .  B0 F2 B1 F3 B2 .  B3 .
+           stage 2: .  .  F0 B0 F1 B1 F2 B2 F3 B3 .  .
+
+The gradients a stage accumulates over the m micro-batches are those of the unsplit model on the
+whole batch, so each rank stepping its own stage trains exactly the unsplit model: this script
+trains both (the reference in every process, on the same batches) and checks. Then it times a few
+steps at m = 1, 2, 4, 8 and prints the measured bubble next to (R-1)/(m+R-1). The library:
+mpi_sgd.pipeline; the full measurement: mpi-sgd bench pipeline.
+"""
+
+import copy
+import os
+
+import torch
+from torch.nn import functional as F
+
+from mpi_sgd.args import ArgumentParser, positive_int
+from mpi_sgd.comm import init
+from mpi_sgd.launch import pin_threads, placement
+from mpi_sgd.models import MLP
+from mpi_sgd.pipeline import SCHEDULES, SPLITS, PipelineStage, cut, ideal_bubble, layers_of
+from mpi_sgd.report import write_json
+
+parser = ArgumentParser(description=__doc__)
+parser.add_argument("--schedule", choices=SCHEDULES, default="1f1b", help="pipeline schedule (default 1f1b)")
+parser.add_argument("--micro-batches", type=positive_int, default=4, help="m for the equality check (default 4)")
+parser.add_argument("--split", choices=SPLITS, default="layers", help="how to cut the layers (default layers)")
+parser.add_argument("--steps", type=positive_int, default=3, help="training steps checked (default 3)")
+parser.add_argument("--batch-size", type=positive_int, default=64, help="samples per step (default 64)")
+parser.add_argument("--width", type=positive_int, default=256, help="units per hidden layer (default 256)")
+parser.add_argument("--timeline", metavar="PATH", help="write one step at --micro-batches as a Chrome trace (Perfetto)")
+args = parser.parse_args()
+# Six layers, so up to six stages. Both checks before any rank starts communicating.
+sizes = (32,) + (args.width,) * 5 + (10,)
+most_m = max(8, args.micro_batches)  # the bubble table goes up to m = 8
+if args.batch_size < most_m:
+    parser.error(f"--batch-size {args.batch_size} cannot be cut into {most_m} micro-batches: give at least {most_m}")
+if placement().size > len(sizes) - 1:
+    parser.fail(
+        f"this model has {len(sizes) - 1} layers, so at most {len(sizes) - 1} stages: run at most that many ranks"
+    )
+
+comm = init("mpi4py")
+pin_threads(comm.local_size)  # ranks sharing a host split its cores, as the benchmark does
+torch.manual_seed(0)  # the same seed on every rank: every rank builds the same model
+model = MLP(sizes).double()
+reference = copy.deepcopy(model)  # the unsplit model, trained in this one process
+module, bounds = cut(model, comm, by=args.split)  # this rank's layers [bounds[rank], bounds[rank+1])
+mine = torch.nn.Sequential(*layers_of(reference)[bounds[comm.rank] : bounds[comm.rank + 1]])
+
+# 1. Train the pipeline and the reference on the same batches (every rank draws the same ones).
+stage = PipelineStage(comm, module, F.cross_entropy, args.schedule, args.micro_batches)
+opt = torch.optim.SGD(module.parameters(), lr=0.05, momentum=0.9)
+ref_opt = torch.optim.SGD(reference.parameters(), lr=0.05, momentum=0.9)
+g = torch.Generator().manual_seed(1)
+worst = 0.0
+for step in range(args.steps):
+    x = torch.randn(args.batch_size, sizes[0], generator=g, dtype=torch.float64)
+    y = torch.randint(10, (args.batch_size,), generator=g)
+    loss = stage.forward_backward(x, y)  # x is read on stage 0, y on the last stage
+    opt.step()
+    ref_opt.zero_grad()
+    ref_loss = F.cross_entropy(reference(x), y)
+    ref_loss.backward()
+    ref_opt.step()
+    if stage.last:
+        worst = max(worst, abs(loss - ref_loss.item()))
+        print(f"step {step}: loss {loss:.6f} (unsplit {ref_loss.item():.6f})", flush=True)
+
+# 2. The equality check. Float64; micro-batches only change the order in which the batch's
+#    gradient is summed, so stages agree with the unsplit model to rounding (a few ulps).
+for a, b in zip(module.parameters(), mine.parameters(), strict=True):
+    worst = max(worst, (a - b).abs().max().item())
+worst = max(comm.allgather_obj(worst))
+tol = 1e-12
+if comm.is_root:
+    verdict = "equal" if worst <= tol else "DIFFERENT"
+    print(f"{comm.size} stage(s), layers cut at {bounds}, {args.schedule}, m = {args.micro_batches}: "
+          f"parameters and loss vs the unsplit model after {args.steps} steps: max |difference| "
+          f"{worst:.2g} (tolerance {tol:g}): {verdict}")  # fmt: skip
+
+# 3. The bubble: the fraction of each step the stages spend not computing, at several m.
+rows = []
+for m in sorted({1, 2, 4, 8, args.micro_batches}):
+    timed = PipelineStage(comm, module, F.cross_entropy, args.schedule, m)
+    for k in range(4):  # the first step pays for allocation: dropped
+        if args.timeline and k == 3 and m == args.micro_batches:
+            timed.start_timeline()  # record this last step's F and B boxes on every rank
+        timed.forward_backward(x, y)
+    per_rank = comm.allgather_obj([sum(s[key] for s in timed.stats[1:]) for key in ("busy", "span")])
+    busy, span = zip(*per_rank, strict=True)
+    rows.append((m, 1e3 * max(span) / 3, 1 - sum(busy) / sum(span), ideal_bubble(comm.size, m)))
+    if timed.events is not None:
+        trace = timed.timeline()
+if args.timeline and comm.is_root:
+    write_json(args.timeline, trace)
+if comm.is_root:
+    shared = " (more ranks than cores: the bubble also counts ranks waiting for a core)"
+    print(f"\n{args.schedule}, R = {comm.size}{shared if comm.local_size > (os.cpu_count() or 1) else ''}")
+    print("|  m | step ms | bubble | (R-1)/(m+R-1) |\n|---:|--------:|-------:|--------------:|")
+    for m, ms, measured, ideal in rows:
+        print(f"| {m:2d} | {ms:7.2f} | {measured:6.3f} | {ideal:13.3f} |")
+if worst > tol:
+    raise SystemExit(1)

@@ -1,0 +1,50 @@
+"""The pipeline launched the way users launch it: the MPI tests at R = 4, and examples/08_pipeline.py."""
+
+from __future__ import annotations
+
+import json
+import re
+
+from .conftest import EXAMPLES, ROOT, run_mpi
+
+ENV = {"OMP_NUM_THREADS": "1"}  # three or four ranks share two cores in CI
+# At R = 4 the equivalence, memory, timeline and header tests; the other communicators and the
+# benchmark's in-process run add nothing new at four ranks and would only cost start-up time.
+SELECT = (
+    "equals_the_unsplit or other_splits or side_by_side or keeps_the_wrappers or holds_fewer or timeline_has "
+    "or wrong_micro_batch"
+)
+# 6 equivalence, 2 splits, 3 grids (3 stages cannot divide 4 ranks), wrapped 2 x 2 grid, memory, timeline, header
+MIN_TESTS = 15
+
+
+def test_pipeline_equivalence_at_four_ranks():
+    """The tests/mpi body at R = 4 (make test covers 1, 2, 3): four stages of the six-layer model."""
+    test_file = str(ROOT / "tests" / "mpi" / "test_pipeline.py")
+    out = run_mpi(4, "-m", "mpi4py", "-m", "pytest", "--with-mpi", "-x", "-q", "-p", "no:cacheprovider", "-k", SELECT,
+                  test_file, env=ENV)  # fmt: skip
+    ran = [int(n) for n in re.findall(r"(\d+) passed", out.stdout)]
+    assert len(ran) == 4 and min(ran) >= MIN_TESTS, out.stdout[-2000:]
+
+
+def test_08_pipeline_checks_equality_and_prints_the_bubble_table(tmp_path):
+    trace = tmp_path / "pipeline.json"
+    out = run_mpi(3, str(EXAMPLES / "08_pipeline.py"), "--schedule", "1f1b", "--timeline", str(trace), env=ENV).stdout
+    assert re.search(
+        r"3 stage\(s\), layers cut at \[0, 2, 4, 6\], 1f1b, m = 4: parameters and loss vs the unsplit model after "
+        r"3 steps: max \|difference\| \S+ \(tolerance 1e-12\): equal",
+        out,
+    ), out
+    for m, ideal in ((1, 0.667), (2, 0.5), (4, 0.333), (8, 0.2)):  # (R-1)/(m+R-1) at R = 3
+        assert re.search(rf"\|\s+{m} \|\s+[\d.]+ \|\s+[\d.]+ \|\s+{ideal:.3f} \|", out), out
+    events = json.loads(trace.read_text())["traceEvents"]
+    assert {e["tid"] for e in events} == {0, 1, 2} and {e["ph"] for e in events} == {"X"}
+    assert sorted(e["name"] for e in events if e["tid"] == 1) == sorted(f"{k}{i}" for k in "FB" for i in range(4))
+
+
+def test_08_pipeline_refuses_a_batch_it_cannot_cut_with_exit_2():
+    proc = run_mpi(1, str(EXAMPLES / "08_pipeline.py"), "--batch-size", "4", env=ENV, check=False, timeout=60)
+    assert proc.returncode == 2 and proc.stderr.count("usage:") == 1, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "08_pipeline.py: error: --batch-size 4 cannot be cut into 8 micro-batches: give at least 8"
+    )
