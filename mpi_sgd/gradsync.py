@@ -65,6 +65,43 @@ class GradSync:
         self.loss_scale = 1.0  # multiply the loss by this before backward
         self.events = events  # (name, start, duration) tuples when a timeline is wanted
         self._last = True
+        self.check_finite = True  # see outgoing()
+        self.local_finite: torch.Tensor | bool = True  # this rank's loss and gradients, this step
+        self._sent: list[torch.Tensor] = []
+
+    # -- non-finite values ride in the gradient all-reduce itself -----------------------------
+    def outgoing(self, buf: torch.Tensor) -> torch.Tensor:
+        """Called by every strategy on each buffer just before it is all-reduced.
+
+        One local pass (a sum) tells whether this rank's gradients are finite. If they are not,
+        or this rank's loss was not (``local_finite``, set by the training step before backward),
+        element 0 of the buffer is set to NaN. NaN survives any sum, so after the all-reduce every
+        rank finds NaN in element 0 of some buffer: all ranks reach the same verdict at the same
+        step with no message of their own (the flag is folded into the collective; Megatron
+        reduces a separate flag with MAX instead). Tensor operations only, so a GPU never waits.
+        """
+        if self.check_finite:
+            ok = torch.isfinite(buf.sum()) & torch.as_tensor(self.local_finite, device=buf.device)
+            self.local_finite = ok
+            first = buf.view(-1)[:1]
+            first.copy_(torch.where(ok, first, torch.full_like(first, float("nan"))))
+            self._sent.append(buf)
+        return buf
+
+    def finite(self) -> bool:
+        """After :meth:`wait`: whether every rank's loss and gradients were finite this step.
+
+        The same answer on every rank, read from element 0 of each reduced buffer. (A sum of finite
+        gradients that overflows counts as non-finite on the rank that overflowed: it is.)
+        """
+        if not self.check_finite:
+            return True
+        if not self._sent:  # nothing was communicated (LocalGradients): this rank alone
+            ok = bool(self.local_finite) and all(p.grad is None or torch.isfinite(p.grad).all() for p in self.params)
+        else:
+            ok = bool(torch.isfinite(torch.cat([b.view(-1)[:1] for b in self._sent])).all())
+        self._sent = []
+        return ok
 
     def zero_grad(self) -> None:
         # None rather than zeros: autograd then hands its fresh gradient over without a copy.
@@ -108,7 +145,7 @@ class NaiveAllReduce(GradSync):
         for p in self.params:
             if p.grad is None:  # unused this step; every rank must still make the same calls
                 p.grad = torch.zeros_like(p)
-            self.comm.allreduce(p.grad, "avg")
+            self.comm.allreduce(self.outgoing(p.grad), "avg")
         t1 = time.perf_counter()
         self.seconds += t1 - t0
         self.record("allreduce", t0, t1)
@@ -193,7 +230,7 @@ class FlatAllReduce(GradSync):
     def wait(self) -> None:
         t0 = time.perf_counter()
         for b in self.buckets:  # one unless the model mixes dtypes
-            self.comm.allreduce(b.buffer, "sum")
+            self.comm.allreduce(self.outgoing(b.buffer), "sum")
         t1 = time.perf_counter()
         self.seconds += t1 - t0
         self.record("allreduce", t0, t1)
@@ -243,7 +280,7 @@ class BucketedAllReduce(FlatAllReduce):
         while self._next < len(self.buckets) and (force or self.buckets[self._next].pending == 0):
             b = self.buckets[self._next]
             b.started = time.perf_counter()
-            b.request = self.comm.iallreduce(b.ensure_buffer(), "sum")
+            b.request = self.comm.iallreduce(self.outgoing(b.ensure_buffer()), "sum")
             self._in_flight.append(b)
             self._next += 1
 

@@ -20,7 +20,7 @@ FLOORS = (
     ("comm",),  # the seam and its backends and wrappers
     ("collectives", "timing", "data", "models", "checkpoint", "perfmodel"),  # built on the seam, or pure
     ("gradsync",),  # parallelism strategies
-    ("config", "trainer"),  # the training loop
+    ("config", "trainer", "agree"),  # the training loop, and what its ranks must agree on
     ("calibrate",),  # measuring the machine with the trainer's own step
     ("bench",),  # benchmarks: the top floor of the library
     ("cli",),  # the `mpi-sgd` entry point, the one module that may import bench
