@@ -12,7 +12,7 @@ import math
 import os
 from dataclasses import MISSING, dataclass, field, fields
 
-from .checkpoint import check_writable
+from .checkpoint import check_writable, checkpoints
 from .comm import BACKENDS
 from .data import BUILTIN
 from .gradsync import STRATEGIES
@@ -112,6 +112,11 @@ class TrainConfig:
         check(self.resume != "auto" or bool(self.checkpoint), "--resume auto needs --checkpoint DIR to look in")
         if self.checkpoint:
             check_writable(self.checkpoint)
+            check(
+                self.resume is not None or not checkpoints(self.checkpoint),
+                f"--checkpoint {self.checkpoint!r} already holds checkpoints of another run; continue it with "
+                "--resume auto, or choose another directory",
+            )
         check(self.keep_checkpoints >= 0, f"--keep-checkpoints must be 0 or more, got {self.keep_checkpoints}")
         check(self.check_every >= 0, f"--check-every must be 0 or more, got {self.check_every}")
         check(

@@ -36,6 +36,8 @@ from .launch import JobError
 from .models import build_model
 from .timing import WARMUP_STEPS
 
+MAX_SKIPS_IN_A_ROW = 10  # --on-nonfinite skip: this many non-finite steps in a row stop training
+
 
 class TrainingDiverged(JobError):
     """A loss or gradient is no longer a finite number: every later step would train on garbage."""
@@ -122,6 +124,7 @@ class Trainer:
         self.steps_per_epoch = data.check_size(len(dataset), comm.size, cfg.batch_size)
         self.epoch = self.step_in_epoch = self.step = 0
         self.skipped = 0  # steps left out by --on-nonfinite skip
+        self.skipped_in_a_row, self._last_skipped = 0, -1
         self.t_comp: list[float] = []
         self.t_sync: list[float] = []
         self.history: list[dict] = []
@@ -219,12 +222,21 @@ class Trainer:
             what = f"non-finite gradient {where} on {_ranks(bad_grad)} (loss finite there)"
         else:
             what = f"non-finite gradient {where}: every rank's was finite, their sum overflowed"
-        if self.cfg.on_nonfinite == "skip" and all(torch.isfinite(p).all() for p in self.model.parameters()):
+        # Skipping helps with a bad batch; not once the parameters themselves are the cause (then
+        # every later step fails as well, since skipped steps leave them as they are).
+        self.skipped_in_a_row = self.skipped_in_a_row + 1 if self._last_skipped == self.step else 1
+        self._last_skipped = self.step + 1
+        hopeless = self.skipped_in_a_row >= MAX_SKIPS_IN_A_ROW or not all(
+            torch.isfinite(p).all() for p in self.model.parameters()
+        )
+        if self.cfg.on_nonfinite == "skip" and not hopeless:
             self.skipped += 1
             if self.comm.is_root:
                 print(f"skipped step {self.step + 1} on every rank: {what}", file=sys.stderr, flush=True)
             return
-        hint = "; skipping cannot help once the parameters are not finite" if self.cfg.on_nonfinite == "skip" else ""
+        hint = ""
+        if self.cfg.on_nonfinite == "skip":
+            hint = f"; skipping cannot help: {self.skipped_in_a_row} steps in a row, or parameters not finite"
         raise TrainingDiverged(f"training diverged: {what}{hint}; try a lower --lr than {self.cfg.lr}")
 
     @torch.no_grad()

@@ -37,6 +37,7 @@ __all__ = [
     "CheckpointError",
     "TRAINER_KEYS",
     "check_writable",
+    "checkpoints",
     "deserialize",
     "load",
     "read",

@@ -169,16 +169,12 @@ def read_verified(path: str) -> tuple[bytes, dict]:
 
 
 def newest_valid(directory: str, warn) -> tuple[str, bytes, dict] | None:
-    """The newest checkpoint in ``directory`` that verifies, ``latest`` first; None if there is none.
+    """The newest (highest step) checkpoint in ``directory`` that verifies; None if there is none.
 
     A corrupt one is passed over with ``warn(message)``: a resume loses a few epochs, not the job.
+    The newest complete one may be newer than ``latest`` (a kill between the rename and the pointer).
     """
-    pointed = latest(directory)
-    order = [pointed] if pointed else []
-    order += [p for p in checkpoints(directory) if p != pointed]
-    for path in order:
-        if not os.path.isdir(path):
-            continue
+    for path in checkpoints(directory):
         try:
             blob, meta = read_verified(path)
         except CheckpointError as e:
