@@ -8,6 +8,8 @@ backward, gradient averaging, momentum update) at per-rank batch B for:
 * ``naive``, ``flat``, ``bucketed``  the strategies of :mod:`mpi_sgd.gradsync` over mpi4py;
 * ``ddp-gloo`` ``torch.nn.parallel.DistributedDataParallel`` over gloo, defaults untouched:
   what a user of plain PyTorch would run;
+* ``unchecked`` (only when named in ``--variants``) ``bucketed`` without its non-finite check
+  (:meth:`mpi_sgd.gradsync.GradSync.outgoing`): set beside ``bucketed``, what that check costs;
 * ``comm-only`` no training, just one blocking all-reduce of a buffer the size of all the
   model's gradients: the communication a step cannot avoid, shown for scale. Without overlap a
   step costs at least ``local`` + ``comm-only``; overlap can hide part of it only where a core
@@ -36,6 +38,7 @@ from ..trainer import train_step
 MODELS = ("mlp", "simplenet")  # --model names, built for 784 features and 10 classes
 FEATURES, CLASSES = BENCHMARK_MLP[0], BENCHMARK_MLP[-1]
 VARIANTS = ("local", *gradsync.STRATEGIES, "ddp-gloo", "comm-only")
+OPTIONAL = ("unchecked",)  # timed only when asked for
 
 
 def _step_fn(model, optimizer, sync, x, y, record, blocked: bool):
@@ -93,15 +96,18 @@ def bench_model(comm, name: str, args, ddp_group=None) -> list[dict]:
             grads = zeros(sum(p.numel() for p in model.parameters()))
             calls[key] = lambda grads=grads: comm.allreduce(grads, "sum")
             continue
-        if variant in gradsync.STRATEGIES:
-            sync = gradsync.make(variant, model, comm, mb if mb is not None else args.bucket_mb[0])
+        if variant in gradsync.STRATEGIES or variant == "unchecked":
+            strategy = "bucketed" if variant == "unchecked" else variant
+            sync = gradsync.make(strategy, model, comm, mb if mb is not None else args.bucket_mb[0])
+            sync.check_finite = variant != "unchecked"
         else:  # local, or DDP, which averages inside backward on its own
             if variant == "ddp-gloo":
                 model = DistributedDataParallel(model, process_group=ddp_group)
             sync = gradsync.LocalGradients(model)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
         records[key] = []
-        calls[key] = _step_fn(model, optimizer, sync, x, y, records[key], variant in gradsync.STRATEGIES)
+        blocked = variant in gradsync.STRATEGIES or variant == "unchecked"
+        calls[key] = _step_fn(model, optimizer, sync, x, y, records[key], blocked)
     iterations = args.steps_per_round * args.rounds
     times = time_interleaved(comm, calls, iterations=iterations, warmup=args.warmup, rounds=args.rounds)
     rows = []
@@ -219,7 +225,7 @@ def add_parser(kinds) -> None:
         "--variants",
         type=lambda s: s.split(","),
         default=list(VARIANTS),
-        help=f"comma-separated variants: {','.join(VARIANTS)} (default all)",
+        help=f"comma-separated variants: {','.join(VARIANTS + OPTIONAL)} (default: all but {','.join(OPTIONAL)})",
     )
     p.add_argument("--batch-size", type=int, default=64, help="samples per rank per step (default 64)")
     p.add_argument(
@@ -240,7 +246,7 @@ def add_parser(kinds) -> None:
 def _run(args) -> int:
     from ..comm import init
 
-    bad = [m for m in args.models if m not in MODELS] + [v for v in args.variants if v not in VARIANTS]
+    bad = [m for m in args.models if m not in MODELS] + [v for v in args.variants if v not in VARIANTS + OPTIONAL]
     if bad:
         args.parser.error(f"unknown model(s)/variant(s): {', '.join(bad)}")
     if min(args.batch_size, args.steps_per_round, args.rounds) < 1 or args.warmup < 0:
