@@ -16,19 +16,20 @@ import tempfile
 import pytest
 import torch
 
-from mpi_sgd import agree, data
-from mpi_sgd import comm as mpicomm
+from mpi_sgd import agree, checkpoint, data
 from mpi_sgd.checkpoint import CheckpointError
 from mpi_sgd.config import TrainConfig
 from mpi_sgd.trainer import Trainer, TrainingDiverged
+
+from .conftest import COMMS, _make
 
 pytestmark = pytest.mark.mpi
 B = 8
 
 
-@pytest.fixture(scope="module")
-def comm():
-    return mpicomm.init("mpi4py", abort_on_error=False)
+@pytest.fixture
+def comm(world):
+    return world  # MPI's world, with no abort hook: a failing test must not end the job here
 
 
 def config(**kw) -> TrainConfig:
@@ -140,4 +141,18 @@ def test_checkpoints_reach_every_rank_as_tensors_and_corruption_everywhere(comm,
         Trainer.from_config(config(max_steps=6), toy(comm), comm).load_checkpoint(d)
     comm.barrier()
     if comm.is_root:
+        shutil.rmtree(folder)
+
+
+@pytest.mark.parametrize("name", COMMS)
+def test_checkpoint_bytes_travel_on_every_backend(world, name):
+    folder = world.bcast_obj(tempfile.mkdtemp(prefix="mpi-sgd-ckpt-") if world.is_root else None)
+    d = os.path.join(folder, "ck")
+    if world.is_root:
+        checkpoint.save(checkpoint.serialize({"w": torch.arange(5.0), "step": 7}), {"step": 7}, d, 7)
+    world.barrier()
+    state, meta, path = checkpoint.load(d, _make(name))
+    assert torch.equal(state["w"], torch.arange(5.0)) and meta["step"] == 7 and path.endswith("step-00000007")
+    world.barrier()
+    if world.is_root:
         shutil.rmtree(folder)
