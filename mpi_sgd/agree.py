@@ -6,9 +6,10 @@ take; another bucket layout pairs non-blocking all-reduces of different lengths,
 into garbage without a word. So:
 
 * :func:`check_start`, once before the first collective that depends on them: every rank's
-  configuration, a fingerprint of its data and its gradient-bucket layout travel in one small
-  all-gather (a pickled control message, once per job), and any difference stops every rank with
-  the same message naming the field and the ranks;
+  configuration and a fingerprint of its data travel in one small all-gather (a pickled control
+  message, once per job), and :func:`check_layout` does the same for the gradient-bucket layout
+  once the strategy is built; any difference stops every rank with the same message naming the
+  field and the ranks;
 * :func:`check_replicas`, every ``--check-every`` steps and at the end: a checksum of each rank's
   parameter *bits* is all-reduced with MAX over ``(c, -c)``, two integers, which yields the
   largest and the smallest checksum at once; they differ iff some replica differs (up to checksum
@@ -59,12 +60,11 @@ def bucket_layout(sync) -> str:
     return " ".join(f"{n}:{str(d).removeprefix('torch.')}" for n, d in sizes)
 
 
-def start_fields(cfg, dataset, val, sync) -> dict[str, str]:
-    """What must be the same on every rank, as strings: every flag, the data, the bucket layout."""
+def start_fields(cfg, dataset, val) -> dict[str, str]:
+    """What must be the same on every rank, as strings: every flag and the data."""
     fields = {f"--{k.replace('_', '-')}": repr(v) for k, v in asdict(cfg).items() if k not in LOCAL_FIELDS}
     fields["--device"] = repr(torch.device(cfg.device).type)  # cuda:0 and cuda:1 are both fine
     fields["data"] = fingerprint(dataset.x, dataset.y, *(() if val is None else (val.x, val.y)))
-    fields["gradient buckets"] = bucket_layout(sync)
     return fields
 
 
@@ -81,9 +81,17 @@ def compare(everyone: list[dict[str, str]]) -> list[str]:
     return problems
 
 
-def check_start(comm, cfg, dataset, val, sync) -> None:
-    """Raise :class:`ConfigMismatch` on every rank alike if the ranks' start differs in any field."""
-    problems = compare(comm.allgather_obj(start_fields(cfg, dataset, val, sync)))
+def check_start(comm, cfg, dataset, val) -> None:
+    """Raise :class:`ConfigMismatch` on every rank alike if the ranks' flags or data differ."""
+    _raise_if(compare(comm.allgather_obj(start_fields(cfg, dataset, val))))
+
+
+def check_layout(comm, sync) -> None:
+    """Raise :class:`ConfigMismatch` on every rank alike if the gradient all-reduces differ."""
+    _raise_if(compare(comm.allgather_obj({"gradient buckets": bucket_layout(sync)})))
+
+
+def _raise_if(problems: list[str]) -> None:
     if problems:
         raise ConfigMismatch(
             "ranks disagree before training, so none trains: "

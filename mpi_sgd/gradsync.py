@@ -70,22 +70,24 @@ class GradSync:
         self._sent: list[torch.Tensor] = []
 
     # -- non-finite values ride in the gradient all-reduce itself -----------------------------
-    def outgoing(self, buf: torch.Tensor) -> torch.Tensor:
-        """Called by every strategy on each buffer just before it is all-reduced.
+    def outgoing(self, buf: torch.Tensor, shards: int = 1, result: torch.Tensor | None = None) -> torch.Tensor:
+        """Called by every strategy on each buffer just before it is all-reduced (or reduce-scattered
+        in ``shards`` equal parts, the received part landing in ``result``).
 
         One local pass (a sum) tells whether this rank's gradients are finite. If they are not,
         or this rank's loss was not (``local_finite``, set by the training step before backward),
-        element 0 of the buffer is set to NaN. NaN survives any sum, so after the all-reduce every
-        rank finds NaN in element 0 of some buffer: all ranks reach the same verdict at the same
-        step with no message of their own (the flag is folded into the collective; Megatron
-        reduces a separate flag with MAX instead). Tensor operations only, so a GPU never waits.
+        element 0 of the buffer (of each shard) is set to NaN. NaN survives any sum, so after the
+        collective every rank finds NaN in element 0 of some result: all ranks reach the same
+        verdict at the same step with no message of their own (the flag is folded into the
+        collective; Megatron reduces a separate flag with MAX instead). Tensor operations only, so
+        a GPU never waits.
         """
         if self.check_finite:
             ok = torch.isfinite(buf.sum()) & torch.as_tensor(self.local_finite, device=buf.device)
             self.local_finite = ok
-            first = buf.view(-1)[:1]
-            first.copy_(torch.where(ok, first, torch.full_like(first, float("nan"))))
-            self._sent.append(buf)
+            firsts = buf.view(-1)[:: buf.numel() // shards][:shards]
+            firsts.copy_(torch.where(ok, firsts, torch.full_like(firsts, float("nan"))))
+            self._sent.append(buf if result is None else result)
         return buf
 
     def finite(self) -> bool:

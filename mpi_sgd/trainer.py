@@ -28,7 +28,7 @@ import torch
 from torch.nn import functional as F
 from tqdm import tqdm
 
-from . import agree, checkpoint, data, gradsync
+from . import agree, checkpoint, data, gradsync, zero
 from .comm import split_counts
 from .config import TrainConfig
 from .gradsync import GradSync
@@ -43,10 +43,12 @@ class TrainingDiverged(JobError):
     """A loss or gradient is no longer a finite number: every later step would train on garbage."""
 
 
-def make_optimizer(cfg: TrainConfig, model: torch.nn.Module) -> torch.optim.Optimizer:
+def make_optimizer(cfg: TrainConfig, model) -> torch.optim.Optimizer:
+    """``cfg``'s optimizer over a model's parameters, or over a list of tensors (a sharded optimizer's shards)."""
+    params = model.parameters() if isinstance(model, torch.nn.Module) else model
     if cfg.optimizer == "adam":
-        return torch.optim.Adam(model.parameters(), lr=cfg.lr)
-    return torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum)
+        return torch.optim.Adam(params, lr=cfg.lr)
+    return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum)
 
 
 @dataclass(frozen=True)
@@ -140,16 +142,23 @@ class Trainer:
         The same seed on every rank gives the same initial model; the broadcast from rank 0 makes it
         certain. Afterwards each rank reseeds with ``seed + rank``, since dropout masks must differ.
         Before the broadcast, the first collective whose shape depends on them, the ranks compare
-        their configurations, data and bucket layouts (:func:`mpi_sgd.agree.check_start`).
+        their configurations and data (:func:`mpi_sgd.agree.check_start`), and then their gradient
+        buckets (:func:`mpi_sgd.agree.check_layout`).
         """
         torch.manual_seed(cfg.seed)
         model = build_model(cfg.model, tuple(dataset.x.shape[1:]), dataset.num_outputs)
         model = model.to(dataset.x.device, dataset.x.dtype)
-        sync = gradsync.make(cfg.strategy, model, comm, cfg.bucket_mb, events=[] if cfg.timeline else None)
-        agree.check_start(comm, cfg, dataset, val, sync)
+        agree.check_start(comm, cfg, dataset, val)
         gradsync.broadcast_parameters(model, comm)
         torch.manual_seed(cfg.seed + comm.rank)
-        return cls(model, make_optimizer(cfg, model), sync, dataset, comm, cfg, val=val)
+        events = [] if cfg.timeline else None
+        if cfg.zero:  # sharded data parallel: the optimizer steps on this rank's shards only
+            sync, optimizer = zero.make(cfg.zero, model, comm, lambda shards: make_optimizer(cfg, shards), events)
+        else:  # (ZeroEngine compares its own units across ranks)
+            optimizer = make_optimizer(cfg, model)
+            sync = gradsync.make(cfg.strategy, model, comm, cfg.bucket_mb, events)
+            agree.check_layout(comm, sync)
+        return cls(model, optimizer, sync, dataset, comm, cfg, val=val)
 
     def _run_batch(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """One step on this rank's batch, its times kept; returns (loss sum, correct, samples) to log,
@@ -282,11 +291,16 @@ class Trainer:
         mine = torch.get_rng_state()
         rng = torch.zeros(self.comm.size, mine.numel(), dtype=torch.uint8) if self.comm.is_root else None
         self.comm.gather(mine, rng)
+        # A sharded optimizer (mpi_sgd.zero) gathers its shards into the unsharded format: a collective.
+        full_state = getattr(self.optimizer, "full_state_dict", None)
+        model_state, optimizer_state = (
+            full_state() if full_state else (self.model.state_dict(), self.optimizer.state_dict())
+        )
         if not self.comm.is_root:
             return
         # The parameters are the same on every rank; a non-finite state must never replace the last
         # good checkpoint (training stops before one, unless the optimizer itself overflowed).
-        if not all(torch.isfinite(t).all() for t in self.model.state_dict().values() if t.is_floating_point()):
+        if not all(torch.isfinite(t).all() for t in model_state.values() if t.is_floating_point()):
             print(
                 f"warning: not saving a checkpoint at step {self.step}: the parameters are not finite; "
                 f"the last good checkpoint in {directory} stays",
@@ -295,8 +309,8 @@ class Trainer:
             )
             return
         state = {
-            "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
+            "model": model_state,
+            "optimizer": optimizer_state,
             "epoch": self.epoch,
             "step_in_epoch": self.step_in_epoch,
             "step": self.step,

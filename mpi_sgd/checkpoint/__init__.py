@@ -159,7 +159,14 @@ def restore(state, model, optimizer, path: str, meta: dict | None = None, config
             "--checkpoint DIR (resume from DIR)"
         )
     differs = _differences((meta or {}).get("config") or {}, config or {})
-    saved, mine = state["model"], model.state_dict()
+    saved = state["model"]
+    if hasattr(optimizer, "load_full_state_dict"):  # sharded (mpi_sgd.zero): each rank takes its shards
+        try:
+            optimizer.load_full_state_dict(saved, state["optimizer"])
+        except (ValueError, KeyError, IndexError, RuntimeError) as e:
+            raise CheckpointError(f"checkpoint {path!r} does not fit this model and optimizer{differs}: {e}") from None
+        return
+    mine = model.state_dict()
     for name in sorted(saved.keys() | mine.keys()):
         there = tuple(saved[name].shape) if name in saved else "absent"
         here = tuple(mine[name].shape) if name in mine else "absent"

@@ -2,7 +2,17 @@
 
 from __future__ import annotations
 
-from .base import OPS, CollectiveMismatchError, CommError, Communicator, Request, split_counts
+from .base import (
+    ANY_SOURCE,
+    ANY_TAG,
+    OPS,
+    CollectiveMismatchError,
+    CommError,
+    Communicator,
+    Request,
+    Status,
+    split_counts,
+)
 
 TORCH_BACKENDS = ("gloo", "mpi", "nccl")  # torch.distributed's, behind TorchDistComm
 BACKENDS = ("mpi4py", "local", *TORCH_BACKENDS)  # every name init() accepts
@@ -19,7 +29,7 @@ def init(backend: str = "mpi4py", debug: bool | None = None, abort_on_error: boo
     ranks first. With ``abort_on_error`` an uncaught exception on any rank aborts the whole job
     instead of leaving the others waiting.
     """
-    from ..launch import env_flag, install_abort_hook
+    from ..launch import check_world, env_flag, install_abort_hook
 
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
@@ -31,6 +41,7 @@ def init(backend: str = "mpi4py", debug: bool | None = None, abort_on_error: boo
         from .mpi import MPIComm
 
         comm = MPIComm()
+        check_world(comm.size)  # srun without PMI: N singletons that would each train alone
         if backend != "mpi4py":
             from .torch_dist import TorchDistComm
 
@@ -45,6 +56,8 @@ def init(backend: str = "mpi4py", debug: bool | None = None, abort_on_error: boo
 
 
 __all__ = [
+    "ANY_SOURCE",
+    "ANY_TAG",
     "BACKENDS",
     "TORCH_BACKENDS",
     "OPS",
@@ -52,6 +65,7 @@ __all__ = [
     "CommError",
     "Communicator",
     "Request",
+    "Status",
     "init",
     "split_counts",
 ]
