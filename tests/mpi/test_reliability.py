@@ -16,9 +16,10 @@ import tempfile
 import pytest
 import torch
 
-from mpi_sgd import agree, checkpoint, data
+from mpi_sgd import agree, checkpoint, data, gradsync
 from mpi_sgd.checkpoint import CheckpointError
 from mpi_sgd.config import TrainConfig
+from mpi_sgd.models import build_model
 from mpi_sgd.trainer import Trainer, TrainingDiverged
 
 from .conftest import COMMS, _make
@@ -100,8 +101,12 @@ def test_one_rank_with_another_flag_data_or_layout_stops_every_rank(comm):
     if odd:
         ds = data.Dataset(ds.x + 1e-9, ds.y, ds.name)  # a different file behind the same name
     assert "data: " in refused(comm, config(), ds)
-    text = refused(comm, config(bucket_mb=0.0005 if odd else 1.0, strategy="bucketed"), toy(comm))
-    assert "--bucket-mb" in text and "gradient buckets" in text
+    assert "--bucket-mb: 1.0 on" in refused(comm, config(bucket_mb=0.0005 if odd else 1.0), toy(comm))
+    # The layout on its own (other model code, another torch): compared once the strategy is built.
+    model = build_model("ffnet", (6,), 1)
+    sync = gradsync.make("bucketed", model, comm, bucket_mb=0.0005 if odd else 1.0)
+    with pytest.raises(agree.ConfigMismatch, match=f"gradient buckets: .* on {ranks}; .* on rank {last}"):
+        agree.check_layout(comm, sync)
 
 
 def test_one_rank_drifting_is_caught_by_the_checksum(comm):
