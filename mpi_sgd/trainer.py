@@ -191,7 +191,7 @@ class Trainer:
             self.step += 1
             self.step_in_epoch = s + 1
             if cfg.check_every and self.step % cfg.check_every == 0:
-                agree.check_replicas(comm, self.model, self.step)
+                self._check_replicas()
             if comm.is_root and s % 10 == 0 and stats[2] > 0:
                 bar.set_postfix(loss=f"{stats[0].item() / stats[2].item():.4f}")
             if self._done():
@@ -270,6 +270,11 @@ class Trainer:
         self.model.train(training)
         return stats
 
+    def _check_replicas(self) -> None:
+        # ZeRO stage 3 holds no replica: each rank keeps its own shard of the parameters.
+        if getattr(self.sync, "stage", 0) != 3:
+            agree.check_replicas(self.comm, self.model, self.step)
+
     def _done(self) -> bool:
         return 0 < self.cfg.max_steps <= self.step
 
@@ -281,7 +286,7 @@ class Trainer:
                 self.epoch, self.step_in_epoch = self.epoch + 1, 0
             if cfg.checkpoint:
                 self._save_checkpoint(cfg.checkpoint)
-        agree.check_replicas(self.comm, self.model, self.step)  # silent divergence cannot pass
+        self._check_replicas()  # silent divergence cannot pass
         return self.metrics()
 
     # -- checkpoints ------------------------------------------------------------------------
