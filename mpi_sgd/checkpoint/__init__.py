@@ -41,6 +41,7 @@ __all__ = [
     "deserialize",
     "load",
     "read",
+    "read_state",
     "restore",
     "save",
     "serialize",
@@ -107,6 +108,13 @@ def read(path: str, auto: bool = False, warn=None) -> tuple[str, bytes, dict | N
     if auto and not os.path.exists(path):
         return None
     return path, _read_file(path), None
+
+
+def read_state(path: str):
+    """The state of the checkpoint at ``path`` (a ``--checkpoint`` directory: its newest), its
+    checksum verified, on this process alone: for tests and tools that inspect a checkpoint."""
+    where, blob, _ = read(path)
+    return deserialize(blob, where)
 
 
 def load(path: str, comm, root: int = 0, auto: bool = False):
