@@ -19,7 +19,7 @@ import torch
 
 from mpi_sgd import comm as mpicomm
 from mpi_sgd import data
-from mpi_sgd.agree import ConfigMismatch
+from mpi_sgd.agree import ConfigMismatch, ReplicasDiverged
 from mpi_sgd.args import ArgumentParser
 from mpi_sgd.checkpoint import CheckpointError
 from mpi_sgd.config import TrainConfig
@@ -74,7 +74,7 @@ except (ConfigMismatch, CheckpointError) as e:
 
 try:
     metrics = trainer.train()
-except TrainingDiverged as e:  # a non-finite loss or gradient: every rank stops at the same step
+except (TrainingDiverged, ReplicasDiverged) as e:  # every rank stops at the same step, same verdict
     if comm.is_root:
         print(e, file=sys.stderr, flush=True)
     sys.exit(1)

@@ -67,9 +67,15 @@ class GradSync:
         self._last = True
         self.check_finite = True  # see outgoing()
         self.local_finite: torch.Tensor | bool = True  # this rank's loss and gradients, this step
-        self._sent: list[torch.Tensor] = []
+        self._sent: list[torch.Tensor] | None = None  # what this step reduced; None outside a checked step
 
     # -- non-finite values ride in the gradient all-reduce itself -----------------------------
+    def begin_step(self) -> None:
+        """Start a checked step (:func:`mpi_sgd.trainer.train_step` does): :meth:`finite` ends it.
+        Outside a checked step (code driving a strategy by hand) :meth:`outgoing` does nothing."""
+        self.local_finite = True
+        self._sent = [] if self.check_finite else None
+
     def outgoing(self, buf: torch.Tensor, shards: int = 1, result: torch.Tensor | None = None) -> torch.Tensor:
         """Called by every strategy on each buffer just before it is all-reduced (or reduce-scattered
         in ``shards`` equal parts, the received part landing in ``result``).
@@ -82,7 +88,7 @@ class GradSync:
         collective; Megatron reduces a separate flag with MAX instead). Tensor operations only, so
         a GPU never waits.
         """
-        if self.check_finite:
+        if self._sent is not None:
             ok = torch.isfinite(buf.sum()) & torch.as_tensor(self.local_finite, device=buf.device)
             self.local_finite = ok
             firsts = buf.view(-1)[:: buf.numel() // shards][:shards]
@@ -96,14 +102,12 @@ class GradSync:
         The same answer on every rank, read from element 0 of each reduced buffer. (A sum of finite
         gradients that overflows counts as non-finite on the rank that overflowed: it is.)
         """
-        if not self.check_finite:
+        sent, self._sent = self._sent, None
+        if sent is None:
             return True
-        if not self._sent:  # nothing was communicated (LocalGradients): this rank alone
-            ok = bool(self.local_finite) and all(p.grad is None or torch.isfinite(p.grad).all() for p in self.params)
-        else:
-            ok = bool(torch.isfinite(torch.cat([b.view(-1)[:1] for b in self._sent])).all())
-        self._sent = []
-        return ok
+        if not sent:  # nothing was communicated (LocalGradients): this rank alone
+            return bool(self.local_finite) and all(p.grad is None or torch.isfinite(p.grad).all() for p in self.params)
+        return bool(torch.isfinite(torch.cat([b.view(-1)[:1] for b in sent])).all())
 
     def zero_grad(self) -> None:
         # None rather than zeros: autograd then hands its fresh gradient over without a copy.

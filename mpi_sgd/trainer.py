@@ -80,7 +80,7 @@ def train_step(model, optimizer, sync: GradSync, x: torch.Tensor, y: torch.Tenso
     start = time.perf_counter()
     sync.seconds = 0.0
     sync.zero_grad()
-    sync.local_finite = True
+    sync.begin_step()
     stats = torch.zeros(3, dtype=torch.float64)
     for i, (xm, ym) in enumerate(zip(x.chunk(grad_accum), y.chunk(grad_accum), strict=True)):
         with sync.accumulate(last=i == grad_accum - 1):

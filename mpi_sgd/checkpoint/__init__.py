@@ -132,9 +132,10 @@ def load(path: str, comm, root: int = 0, auto: bool = False):
                 parts = [where.encode(), json.dumps(meta).encode(), blob]
                 header[:] = torch.tensor([1, *map(len, parts)])
                 payload = b"".join(parts)
-        except CheckpointError as e:
-            header[:] = torch.tensor([2, len(str(e).encode()), 0, 0])
-            payload = str(e).encode()
+        except (CheckpointError, OSError) as e:  # every failure becomes the same one line on every rank
+            text = str(e) if isinstance(e, CheckpointError) else f"cannot read checkpoint {path!r}: {e}"
+            payload = text.encode()
+            header[:] = torch.tensor([2, len(payload), 0, 0])
     comm.broadcast(header, root)
     status, n_path, n_meta, n_state = header.tolist()
     if status == 0:

@@ -165,8 +165,10 @@ def kill_and_resume(command: list[str], env: dict | None = None, timeout: float 
         )  # fmt: skip
         if resumed.returncode != 0:
             return False, time.perf_counter() - start, f"the resumed run failed: {resumed.stderr.strip()[-300:]}"
-        a_path, a_blob, _ = store.newest_valid(whole, print)
-        b_path, b_blob, _ = store.newest_valid(killed, print)
+        found_a, found_b = store.newest_valid(whole, print), store.newest_valid(killed, print)
+        if found_a is None or found_b is None:
+            return False, time.perf_counter() - start, "no valid checkpoint at the end of a run"
+        (a_path, a_blob, _), (b_path, b_blob, _) = found_a, found_b
         a, b = deserialize(a_blob, a_path), deserialize(b_blob, b_path)
         same = a["step"] == b["step"] and all(
             torch.equal(x, y) for part in ("model",) for x, y in zip(a[part].values(), b[part].values(), strict=True)

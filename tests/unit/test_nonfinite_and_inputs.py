@@ -74,13 +74,14 @@ def test_a_gradient_nan_anywhere_reaches_element_0_of_what_is_sent(strategy):
     # inf at the far end of one gradient, put there before it is accumulated (and, bucketed, sent)
     handle = first.register_hook(lambda g: torch.cat([g.reshape(-1)[:-1], g.new_full((1,), float("inf"))]).view_as(g))
     sync.zero_grad()
-    sync.local_finite = True
+    sync.begin_step()
     with sync.accumulate():
         model(torch.randn(4, 6, dtype=torch.float64)).sum().backward()
     sync.wait()
     assert not sync.finite() and not bool(sync.local_finite)
     handle.remove()
     sync.zero_grad()
+    sync.begin_step()
     sync.local_finite = torch.tensor(False)  # a non-finite loss with finite gradients: still refused
     with sync.accumulate():
         model(torch.randn(4, 6, dtype=torch.float64)).sum().backward()
