@@ -8,16 +8,19 @@ The same file runs as one process (`python examples/sync_sgd.py`) and on many ho
 (`mpiexec -n 4 -hosts a,b python examples/sync_sgd.py`).
 
 Try: --strategy naive|flat|bucketed, --optimizer adam, --dataset toy --model ffnet,
---dataset your.npz, --val-fraction 0.2, --grad-accum 4, --checkpoint ckpt.pt then
---resume ckpt.pt, --metrics-json metrics.json, --zero 1|2|3 (sharded data parallel; see
-examples/07_zero.py), --amp bf16, --compress bf16, --backend torch-mpi4py; on GPUs --device
-cuda (one per rank).
+--dataset your.npz, --val-fraction 0.2, --grad-accum 4, --checkpoint ckpts then
+--resume auto, --on-nonfinite skip, --metrics-json metrics.json, --zero 1|2|3 (sharded data
+parallel; see examples/07_zero.py), --amp bf16, --compress bf16, --backend torch-mpi4py; on GPUs
+--device cuda (one per rank).
 """
+
+import sys
 
 import torch
 
 from mpi_sgd import comm as mpicomm
 from mpi_sgd import data
+from mpi_sgd.agree import ConfigMismatch, ReplicasDiverged
 from mpi_sgd.args import ArgumentParser
 from mpi_sgd.checkpoint import CheckpointError
 from mpi_sgd.comm.gpu import local_device
@@ -25,7 +28,7 @@ from mpi_sgd.config import TrainConfig
 from mpi_sgd.launch import pin_threads, placement
 from mpi_sgd.models import build_model, check_input
 from mpi_sgd.report import write_json
-from mpi_sgd.trainer import Trainer
+from mpi_sgd.trainer import Trainer, TrainingDiverged
 
 parser = ArgumentParser(description=__doc__)
 TrainConfig.add_arguments(parser)
@@ -60,15 +63,23 @@ if comm.is_root:
 # What 05_sgd_by_hand.py writes out, from the library: one replica of cfg.model per rank, rank 0's
 # parameters broadcast to all (gradsync.broadcast_parameters), gradients averaged every step by
 # cfg.strategy (gradsync.make) or sharded by ZeRO stage cfg.zero (zero.make), and Trainer's loop
-# of steps around them (Trainer.from_config).
-trainer = Trainer.from_config(cfg, train, comm, val=val)
-if cfg.resume:
-    try:
-        trainer.load_checkpoint(cfg.resume)  # the root reads it; every rank gets the same verdict
-    except CheckpointError as e:
-        parser.fail(str(e))
+# of steps around them (Trainer.from_config). Ranks started with other flags or data are refused
+# there, on every rank alike, before training.
+try:
+    trainer = Trainer.from_config(cfg, train, comm, val=val)
+    if cfg.resume:  # the root reads it and broadcasts its bytes; every rank gets the same verdict
+        used = trainer.load_checkpoint(cfg.checkpoint if cfg.resume == "auto" else cfg.resume, cfg.resume == "auto")
+        if comm.is_root:
+            print(f"resuming from {used} at step {trainer.step}" if used else "no checkpoint yet: starting afresh")
+except (ConfigMismatch, CheckpointError) as e:
+    parser.fail(str(e))
 
-metrics = trainer.train()  # a loss of inf or nan stops the job with a message (TrainingDiverged)
+try:
+    metrics = trainer.train()
+except (TrainingDiverged, ReplicasDiverged) as e:  # every rank stops at the same step, same verdict
+    if comm.is_root:
+        print(e, file=sys.stderr, flush=True)
+    sys.exit(1)
 timeline = trainer.timeline() if cfg.timeline else None
 
 if comm.is_root:

@@ -8,10 +8,12 @@ the root prints one message, every rank exits with status 2, and no rank waits i
 from __future__ import annotations
 
 import argparse
+import math
 import os
 from dataclasses import MISSING, dataclass, field, fields
 
 from .amp import MODES as AMP_MODES
+from .checkpoint import check_writable, checkpoints
 from .comm import BACKENDS, TORCH_BACKENDS
 from .comm.compress import DTYPES as COMPRESS_DTYPES
 from .data import BUILTIN
@@ -20,6 +22,7 @@ from .models import MODELS
 
 OPTIMIZERS = ("sgd", "adam")
 DTYPES = ("float32", "float64")
+NONFINITE = ("stop", "skip")
 
 
 def _flag(default, help: str, type=None):
@@ -54,9 +57,25 @@ class TrainConfig:
     )
     max_steps: int = _flag(0, "stop after this many optimizer steps in total (0: run all epochs)")
     checkpoint: str | None = _flag(
-        None, "write a checkpoint here (root rank, atomically) after each epoch and at the end", str
+        None,
+        "directory to write checkpoints into (root rank, atomically, checksummed) after each epoch and at the end",
+        str,
     )
-    resume: str | None = _flag(None, "resume from this checkpoint (model, optimizer, step, RNG state)", str)
+    keep_checkpoints: int = _flag(3, "how many of the newest checkpoints to keep in --checkpoint (0: all)")
+    resume: str | None = _flag(
+        None,
+        "resume from this checkpoint (a --checkpoint directory or one step-N in it); 'auto': the newest "
+        "valid one in --checkpoint, or a fresh start if there is none",
+        str,
+    )
+    on_nonfinite: str = _flag(
+        "stop",
+        "a non-finite loss or gradient on any rank: 'stop' every rank at that step (non-zero exit), or "
+        "'skip' the step on every rank",
+    )
+    check_every: int = _flag(
+        100, "compare a checksum of the parameters across ranks every this many steps, and at the end (0: end only)"
+    )
     metrics_json: str | None = _flag(None, "write loss, accuracy and per-step t_comp/t_sync here as JSON", str)
     timeline: str | None = _flag(
         None, "write a Chrome trace of every rank's forward, backward, allreduce, optimizer here", str
@@ -97,7 +116,7 @@ class TrainConfig:
             self.grad_accum >= 1 and self.batch_size % self.grad_accum == 0,
             f"--grad-accum must divide --batch-size ({self.batch_size}), got {self.grad_accum}",
         )
-        check(self.lr > 0, f"--lr must be positive, got {self.lr}")
+        check(math.isfinite(self.lr) and self.lr > 0, f"--lr must be positive and finite, got {self.lr}")
         check(0 <= self.momentum < 1, f"--momentum must be in [0, 1), got {self.momentum}")
         check(self.bucket_mb > 0, f"--bucket-mb must be positive, got {self.bucket_mb}")
         check(self.zero in (0, 1, 2, 3), f"--zero must be 0, 1, 2 or 3, got {self.zero}")
@@ -108,7 +127,23 @@ class TrainConfig:
             not (self.zero and self.compress != "none"), "--compress applies to the all-reduce strategies, not --zero"
         )
         check(not (self.zero and self.amp == "fp16"), "--amp fp16 cannot be combined with --zero; use --amp bf16")
-        check(self.resume is None or os.path.isfile(self.resume), f"checkpoint {self.resume!r} does not exist")
+        check(
+            self.resume in (None, "auto") or os.path.exists(self.resume), f"checkpoint {self.resume!r} does not exist"
+        )
+        check(self.resume != "auto" or bool(self.checkpoint), "--resume auto needs --checkpoint DIR to look in")
+        if self.checkpoint:
+            check_writable(self.checkpoint)
+            check(
+                self.resume is not None or not checkpoints(self.checkpoint),
+                f"--checkpoint {self.checkpoint!r} already holds checkpoints of another run; continue it with "
+                "--resume auto, or choose another directory",
+            )
+        check(self.keep_checkpoints >= 0, f"--keep-checkpoints must be 0 or more, got {self.keep_checkpoints}")
+        check(self.check_every >= 0, f"--check-every must be 0 or more, got {self.check_every}")
+        check(
+            self.on_nonfinite in NONFINITE,
+            f"unknown --on-nonfinite {self.on_nonfinite!r}; choose one of {', '.join(NONFINITE)}",
+        )
         check(self.max_steps >= 0, f"--max-steps must be 0 or more, got {self.max_steps}")
         check(0 <= self.val_fraction < 1, f"--val-fraction must be in [0, 1), got {self.val_fraction}")
 

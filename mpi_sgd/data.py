@@ -100,14 +100,14 @@ def from_file(path: str) -> Dataset:
     try:
         if path.endswith(".npz"):
             with np.load(path, allow_pickle=False) as f:
-                arrays = {k: torch.from_numpy(f[k]) for k in ("x", "y") if k in f.files}
+                arrays = {k: _numeric(f[k], k, path) for k in ("x", "y") if k in f.files}
         elif path.endswith(".pt"):
             obj = torch.load(path, weights_only=True)
             arrays = {k: torch.as_tensor(obj[k]) for k in ("x", "y") if k in obj} if isinstance(obj, dict) else {}
         else:
             raise ValueError(f"data file {path!r} must end in .npz or .pt")
-    except (OSError, ValueError, RuntimeError) as e:
-        if "must end in" in str(e):
+    except (OSError, ValueError, RuntimeError, TypeError) as e:
+        if "must end in" in str(e) or "must be numbers" in str(e):
             raise
         raise ValueError(f"cannot read data file {path!r}: {e}") from None
     missing = [k for k in ("x", "y") if k not in arrays]
@@ -122,9 +122,42 @@ def from_file(path: str) -> Dataset:
         y = y.reshape(len(y), -1).float()
     else:
         y = y.long().reshape(-1)
-        if len(y) and y.min() < 0:
-            raise ValueError(f"data file {path!r}: integer y are class indices and must be >= 0, found {int(y.min())}")
+        check_labels(y, path)
+    for name, t in (("x", x), ("y", y)):
+        if t.dtype.is_floating_point and not bool(torch.isfinite(t).all()):
+            bad = (~torch.isfinite(t)).reshape(len(t), -1).any(1).nonzero().reshape(-1)
+            raise ValueError(
+                f"data file {path!r}: {name} holds inf or nan in {len(bad)} sample(s), the first at index {int(bad[0])}"
+            )
     return Dataset(x.float(), y, os.path.basename(path))
+
+
+def _numeric(array: np.ndarray, name: str, path: str) -> torch.Tensor:
+    """A numpy array as a tensor, refused in one line unless it holds numbers (bool, int or float)."""
+    if array.dtype.kind not in "biuf":
+        raise ValueError(f"data file {path!r}: {name} must be numbers, but its dtype is {array.dtype}")
+    return torch.from_numpy(array)
+
+
+# More classes than this, or than half again the labels that occur, is a typo, not a task: one stray
+# label of 100000 would silently build a 100001-way model, every step a hundred times slower.
+MAX_CLASSES = 100_000
+
+
+def check_labels(y: torch.Tensor, path: str) -> None:
+    """Class indices must be integers in [0, C), with C = max + 1 plausible: at most
+    :data:`MAX_CLASSES`, and at least half of the classes 0 .. C-1 present in the data."""
+    if not len(y):
+        return
+    low, high = int(y.min()), int(y.max())
+    if low < 0:
+        raise ValueError(f"data file {path!r}: integer y are class indices and must be >= 0, found {low}")
+    present = int(torch.unique(y).numel())
+    if high + 1 > MAX_CLASSES or present < (high + 1) / 2:
+        raise ValueError(
+            f"data file {path!r}: integer y are class indices 0 .. C-1, but the largest, {high}, would make "
+            f"C = {high + 1} classes of which only {present} occur; renumber the labels 0 .. {present - 1}"
+        )
 
 
 def load(name: str, seed: int = 0) -> Dataset:

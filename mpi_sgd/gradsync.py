@@ -72,6 +72,49 @@ class GradSync:
         self.loss_scale = 1.0  # multiply the loss by this before backward
         self.events = events  # (name, start, duration) tuples when a timeline is wanted
         self._last = True
+        self.check_finite = True  # see outgoing()
+        self.local_finite: torch.Tensor | bool = True  # this rank's loss and gradients, this step
+        self._sent: list[torch.Tensor] | None = None  # what this step reduced; None outside a checked step
+
+    # -- non-finite values ride in the gradient all-reduce itself -----------------------------
+    def begin_step(self) -> None:
+        """Start a checked step (:func:`mpi_sgd.trainer.train_step` does): :meth:`finite` ends it.
+        Outside a checked step (code driving a strategy by hand) :meth:`outgoing` does nothing."""
+        self.local_finite = True
+        self._sent = [] if self.check_finite else None
+
+    def outgoing(self, buf: torch.Tensor, shards: int = 1, result: torch.Tensor | None = None) -> torch.Tensor:
+        """Called by every strategy on each buffer just before it is all-reduced (or reduce-scattered
+        in ``shards`` equal parts, the received part landing in ``result``).
+
+        One local pass (a sum) tells whether this rank's gradients are finite. If they are not,
+        or this rank's loss was not (``local_finite``, set by the training step before backward),
+        element 0 of the buffer (of each shard) is set to NaN. NaN survives any sum, so after the
+        collective every rank finds NaN in element 0 of some result: all ranks reach the same
+        verdict at the same step with no message of their own (the flag is folded into the
+        collective; Megatron reduces a separate flag with MAX instead). Tensor operations only, so
+        a GPU never waits.
+        """
+        if self._sent is not None:
+            ok = torch.isfinite(buf.sum()) & torch.as_tensor(self.local_finite, device=buf.device)
+            self.local_finite = ok
+            firsts = buf.view(-1)[:: buf.numel() // shards][:shards]
+            firsts.copy_(torch.where(ok, firsts, torch.full_like(firsts, float("nan"))))
+            self._sent.append(buf if result is None else result)
+        return buf
+
+    def finite(self) -> bool:
+        """After :meth:`wait`: whether every rank's loss and gradients were finite this step.
+
+        The same answer on every rank, read from element 0 of each reduced buffer. (A sum of finite
+        gradients that overflows counts as non-finite on the rank that overflowed: it is.)
+        """
+        sent, self._sent = self._sent, None
+        if sent is None:
+            return True
+        if not sent:  # nothing was communicated (LocalGradients): this rank alone
+            return bool(self.local_finite) and all(p.grad is None or torch.isfinite(p.grad).all() for p in self.params)
+        return bool(torch.isfinite(torch.cat([b.view(-1)[:1] for b in sent])).all())
 
     def zero_grad(self) -> None:
         # None rather than zeros: autograd then hands its fresh gradient over without a copy.
@@ -115,7 +158,7 @@ class NaiveAllReduce(GradSync):
         for p in self.params:
             if p.grad is None:  # unused this step; every rank must still make the same calls
                 p.grad = torch.zeros_like(p)
-            self.comm.allreduce(p.grad, "avg")
+            self.comm.allreduce(self.outgoing(p.grad), "avg")
         t1 = time.perf_counter()
         self.seconds += t1 - t0
         self.record("allreduce", t0, t1)
@@ -242,7 +285,7 @@ class FlatAllReduce(GradSync):
     def wait(self) -> None:
         t0 = time.perf_counter()
         for b in self.buckets:  # one unless the model mixes dtypes
-            self.comm.allreduce(b.ensure_buffer(), "sum")
+            self.comm.allreduce(self.outgoing(b.ensure_buffer()), "sum")
         t1 = time.perf_counter()
         self.seconds += t1 - t0
         self.record("allreduce", t0, t1)
@@ -296,7 +339,7 @@ class BucketedAllReduce(FlatAllReduce):
         while self._next < len(self.buckets) and (force or self.buckets[self._next].pending == 0):
             b = self.buckets[self._next]
             b.started = time.perf_counter()
-            b.request = self.comm.iallreduce(b.ensure_buffer(), "sum")
+            b.request = self.comm.iallreduce(self.outgoing(b.ensure_buffer()), "sum")
             self._in_flight.append(b)
             self._next += 1
 

@@ -28,7 +28,7 @@ import torch
 from torch.nn import functional as F
 from tqdm import tqdm
 
-from . import checkpoint, data, gradsync, zero
+from . import agree, checkpoint, data, gradsync, zero
 from .amp import MixedPrecision
 from .comm import split_counts
 from .config import TrainConfig
@@ -37,9 +37,11 @@ from .launch import JobError
 from .models import build_model
 from .timing import WARMUP_STEPS, chrome_trace
 
+MAX_SKIPS_IN_A_ROW = 10  # --on-nonfinite skip: this many non-finite steps in a row stop training
+
 
 class TrainingDiverged(JobError):
-    """The loss is no longer a finite number: every later step would train on garbage."""
+    """A loss or gradient is no longer a finite number: every later step would train on garbage."""
 
 
 def make_optimizer(cfg: TrainConfig, model) -> torch.optim.Optimizer:
@@ -57,6 +59,7 @@ class Step:
     t_comp: float  # forward, backward and optimizer: everything but waiting for gradients
     t_sync: float  # blocked in gradient communication
     stats: torch.Tensor  # float64 (loss summed over samples, correct predictions, samples)
+    finite: bool = True  # every rank's loss and gradients were finite; if not, the optimizer did not step
 
     @property
     def seconds(self) -> float:
@@ -72,6 +75,9 @@ def train_step(model, optimizer, sync: GradSync, x: torch.Tensor, y: torch.Tenso
     once, after the last (:class:`~mpi_sgd.gradsync.LocalGradients` where nothing is averaged).
     ``amp`` (:class:`~mpi_sgd.amp.MixedPrecision`) wraps forward, backward and the optimizer step
     for ``--amp``; None is full precision.
+
+    A non-finite loss or gradient on any rank (see :meth:`GradSync.outgoing`) makes every rank
+    return ``finite=False`` for the same step, with the optimizer not stepped: no rank trains on it.
     """
     amp = amp or MixedPrecision("none", x.device.type)
     classification = not y.dtype.is_floating_point
@@ -79,6 +85,7 @@ def train_step(model, optimizer, sync: GradSync, x: torch.Tensor, y: torch.Tenso
     start = time.perf_counter()
     sync.seconds = 0.0
     sync.zero_grad()
+    sync.begin_step()
     stats = torch.zeros(3, dtype=torch.float64)
     for i, (xm, ym) in enumerate(zip(x.chunk(grad_accum), y.chunk(grad_accum), strict=True)):
         with sync.accumulate(last=i == grad_accum - 1):
@@ -87,6 +94,7 @@ def train_step(model, optimizer, sync: GradSync, x: torch.Tensor, y: torch.Tenso
                 out = model(xm)
                 loss = loss_fn(out, ym)
             t1 = time.perf_counter()
+            sync.local_finite = torch.isfinite(loss.detach()) & sync.local_finite  # before the hooks send
             # mean over B/k samples, divided by k: the k micro-batches sum to the mean over B
             amp.backward(loss * (sync.loss_scale / grad_accum))
             sync.record("forward", t0, t1)
@@ -98,10 +106,12 @@ def train_step(model, optimizer, sync: GradSync, x: torch.Tensor, y: torch.Tenso
             stats[2] += len(ym)
     sync.wait()
     t0 = time.perf_counter()
-    amp.step(optimizer)  # with fp16's scaler: skipped on every rank alike if a gradient overflowed
+    finite = sync.finite()
+    if finite:
+        amp.step(optimizer)  # with fp16's scaler: skipped on every rank alike if a gradient overflowed
     end = time.perf_counter()
     sync.record("optimizer", t0, end)
-    return Step(end - start - sync.seconds, sync.seconds, stats)
+    return Step(end - start - sync.seconds, sync.seconds, stats, finite)
 
 
 class Trainer:
@@ -121,6 +131,8 @@ class Trainer:
         self.loss_fn = F.cross_entropy if dataset.classification else F.mse_loss
         self.steps_per_epoch = data.check_size(len(dataset), comm.size, cfg.batch_size)
         self.epoch = self.step_in_epoch = self.step = 0
+        self.skipped = 0  # steps left out by --on-nonfinite skip
+        self.skipped_in_a_row, self._last_skipped = 0, -1
         self.t_comp: list[float] = []
         self.t_sync: list[float] = []
         self.history: list[dict] = []
@@ -136,25 +148,38 @@ class Trainer:
 
         The same seed on every rank gives the same initial model; the broadcast from rank 0 makes it
         certain. Afterwards each rank reseeds with ``seed + rank``, since dropout masks must differ.
+        Before the broadcast, the first collective whose shape depends on them, the ranks compare
+        their configurations and data (:func:`mpi_sgd.agree.check_start`), and then their gradient
+        buckets (:func:`mpi_sgd.agree.check_layout`).
         """
         torch.manual_seed(cfg.seed)
         model = build_model(cfg.model, tuple(dataset.x.shape[1:]), dataset.num_outputs)
         model = model.to(dataset.x.device, dataset.x.dtype)
+        agree.check_start(comm, cfg, dataset, val)
         gradsync.broadcast_parameters(model, comm)
         torch.manual_seed(cfg.seed + comm.rank)
         events = [] if cfg.timeline else None
         if cfg.zero:  # sharded data parallel: the optimizer steps on this rank's shards only
             sync, optimizer = zero.make(cfg.zero, model, comm, lambda shards: make_optimizer(cfg, shards), events)
-        else:
+        else:  # (ZeroEngine compares its own units across ranks)
             optimizer = make_optimizer(cfg, model)
             sync = gradsync.make(cfg.strategy, model, comm, cfg.bucket_mb, events, compress=cfg.compress)
+            agree.check_layout(comm, sync)
+        if cfg.amp == "fp16":
+            # fp16's scaled gradients overflow now and then by design; the scaler skips those steps
+            # on every rank alike, so the non-finite stop would misread them as divergence.
+            sync.check_finite = False
         return cls(model, optimizer, sync, dataset, comm, cfg, val=val)
 
     def _run_batch(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """One step on this rank's batch, its times kept; returns (loss sum, correct, samples) to log."""
+        """One step on this rank's batch, its times kept; returns (loss sum, correct, samples) to log,
+        zeros for a step left out because some rank's loss or gradient was not finite."""
         step = train_step(self.model, self.optimizer, self.sync, x, y, self.cfg.grad_accum, self.amp)
         self.t_comp.append(step.t_comp)
         self.t_sync.append(step.t_sync)
+        if not step.finite:  # the same verdict on every rank, at the same step
+            self._on_nonfinite(step.stats)
+            return torch.zeros_like(step.stats)
         return step.stats
 
     def _run_epoch(self, epoch: int) -> None:
@@ -173,12 +198,12 @@ class Trainer:
         )
         for s in bar:
             idx = batches[s]
-            step_stats = self._run_batch(self.dataset.x[idx], self.dataset.y[idx])
-            self._check_finite(step_stats[0].item() / step_stats[2].item())
-            stats += step_stats
+            stats += self._run_batch(self.dataset.x[idx], self.dataset.y[idx])
             self.step += 1
             self.step_in_epoch = s + 1
-            if comm.is_root and s % 10 == 0:
+            if cfg.check_every and self.step % cfg.check_every == 0:
+                self._check_replicas()
+            if comm.is_root and s % 10 == 0 and stats[2] > 0:
                 bar.set_postfix(loss=f"{stats[0].item() / stats[2].item():.4f}")
             if self._done():
                 break
@@ -193,6 +218,7 @@ class Trainer:
         row["accuracy"] = correct / max(n, 1) if classification else None
         row["val_loss"] = val_loss / val_n if val_n else None
         row["val_accuracy"] = val_correct / val_n if val_n and classification else None
+        row["skipped"] = self.skipped
         self.history.append(row)
         if comm.is_root:
             text = f"epoch {epoch:3d}  loss {row['loss']:.4f}"
@@ -201,13 +227,37 @@ class Trainer:
             text += f"  val accuracy {row['val_accuracy']:.3f}" if val_n and classification else ""
             print(f"{text}  ({row['seconds']:.1f} s)", flush=True)
 
-    def _check_finite(self, loss: float) -> None:
-        """Stop at the first step whose loss is inf or nan, on the rank that sees it."""
-        if not math.isfinite(loss):
-            raise TrainingDiverged(
-                f"training diverged: loss {loss} in step {self.step + 1} (epoch {self.epoch}) on rank "
-                f"{self.comm.rank}; try a lower --lr than {self.cfg.lr}"
-            )
+    def _on_nonfinite(self, stats: torch.Tensor) -> None:
+        """Every rank is here at the same step (see :func:`train_step`): name the ranks whose loss or
+        gradient was not finite, then stop (raise :class:`TrainingDiverged` on every rank alike) or,
+        with ``--on-nonfinite skip``, go on without that step."""
+        loss = stats[0].item() / max(stats[2].item(), 1)
+        everyone = self.comm.allgather_obj((loss, bool(self.sync.local_finite)))  # only on this rare path
+        where = f"in step {self.step + 1} (epoch {self.epoch})"
+        bad_loss = [r for r, (v, _) in enumerate(everyone) if not math.isfinite(v)]
+        bad_grad = [r for r, (v, ok) in enumerate(everyone) if math.isfinite(v) and not ok]
+        if bad_loss:
+            what = f"loss {everyone[bad_loss[0]][0]} {where} on {_ranks(bad_loss)}"
+        elif bad_grad:
+            what = f"non-finite gradient {where} on {_ranks(bad_grad)} (loss finite there)"
+        else:
+            what = f"non-finite gradient {where}: every rank's was finite, their sum overflowed"
+        # Skipping helps with a bad batch; not once the parameters themselves are the cause (then
+        # every later step fails as well, since skipped steps leave them as they are).
+        self.skipped_in_a_row = self.skipped_in_a_row + 1 if self._last_skipped == self.step else 1
+        self._last_skipped = self.step + 1
+        hopeless = self.skipped_in_a_row >= MAX_SKIPS_IN_A_ROW or not all(
+            torch.isfinite(p).all() for p in self.model.parameters()
+        )
+        if self.cfg.on_nonfinite == "skip" and not hopeless:
+            self.skipped += 1
+            if self.comm.is_root:
+                print(f"skipped step {self.step + 1} on every rank: {what}", file=sys.stderr, flush=True)
+            return
+        hint = ""
+        if self.cfg.on_nonfinite == "skip":
+            hint = f"; skipping cannot help: {self.skipped_in_a_row} steps in a row, or parameters not finite"
+        raise TrainingDiverged(f"training diverged: {what}{hint}; try a lower --lr than {self.cfg.lr}")
 
     @torch.no_grad()
     def _evaluate(self, chunk: int = 1024) -> torch.Tensor:
@@ -231,6 +281,11 @@ class Trainer:
         self.model.train(training)
         return stats
 
+    def _check_replicas(self) -> None:
+        # ZeRO stage 3 holds no replica: each rank keeps its own shard of the parameters.
+        if getattr(self.sync, "stage", 0) != 3:
+            agree.check_replicas(self.comm, self.model, self.step)
+
     def _done(self) -> bool:
         return 0 < self.cfg.max_steps <= self.step
 
@@ -242,40 +297,63 @@ class Trainer:
                 self.epoch, self.step_in_epoch = self.epoch + 1, 0
             if cfg.checkpoint:
                 self._save_checkpoint(cfg.checkpoint)
+        self._check_replicas()  # silent divergence cannot pass
         return self.metrics()
 
     # -- checkpoints ------------------------------------------------------------------------
-    def _save_checkpoint(self, path: str) -> None:
-        # Every rank's RNG state (dropout masks differ per rank), so a resume is bit-exact.
-        rng = self.comm.gather_obj(torch.get_rng_state())
+    def _save_checkpoint(self, directory: str) -> None:
+        # Every rank's RNG state (dropout masks differ per rank), so a resume is bit-exact; gathered
+        # as a tensor, one row per rank.
+        mine = torch.get_rng_state()
+        rng = torch.zeros(self.comm.size, mine.numel(), dtype=torch.uint8) if self.comm.is_root else None
+        self.comm.gather(mine, rng)
         # A sharded optimizer (mpi_sgd.zero) gathers its shards into the unsharded format: a collective.
         full_state = getattr(self.optimizer, "full_state_dict", None)
         model_state, optimizer_state = (
             full_state() if full_state else (self.model.state_dict(), self.optimizer.state_dict())
         )
-        if self.comm.is_root:
-            state = {
-                "model": model_state,
-                "optimizer": optimizer_state,
-                "epoch": self.epoch,
-                "step_in_epoch": self.step_in_epoch,
-                "step": self.step,
-                "world_size": self.comm.size,
-                "rng": rng,
-                "amp": self.amp.state_dict(),
-            }
-            checkpoint.save_atomic(state, path)
+        if not self.comm.is_root:
+            return
+        # The parameters are the same on every rank; a non-finite state must never replace the last
+        # good checkpoint (training stops before one, unless the optimizer itself overflowed).
+        if not all(torch.isfinite(t).all() for t in model_state.values() if t.is_floating_point()):
+            print(
+                f"warning: not saving a checkpoint at step {self.step}: the parameters are not finite; "
+                f"the last good checkpoint in {directory} stays",
+                file=sys.stderr,
+                flush=True,
+            )
+            return
+        state = {
+            "model": model_state,
+            "optimizer": optimizer_state,
+            "epoch": self.epoch,
+            "step_in_epoch": self.step_in_epoch,
+            "step": self.step,
+            "world_size": self.comm.size,
+            "rng": rng,
+            "amp": self.amp.state_dict(),
+        }
+        meta = {"step": self.step, "epoch": self.epoch, "world_size": self.comm.size, "config": asdict(self.cfg)}
+        checkpoint.save(checkpoint.serialize(state), meta, directory, self.step, self.cfg.keep_checkpoints)
 
-    def load_checkpoint(self, path: str) -> None:
-        """Resume from ``path``. Raises :class:`~mpi_sgd.checkpoint.CheckpointError`, on every rank
-        alike, for a file that cannot be read, one written for another model or optimizer, and one
-        that leaves nothing to train within ``--epochs``/``--max-steps``."""
-        state = checkpoint.load(path, self.comm)
-        checkpoint.restore(state, self.model, self.optimizer, path)
+    def load_checkpoint(self, path: str, auto: bool = False) -> str | None:
+        """Resume from ``path``: a ``--checkpoint`` directory (its newest checkpoint), one ``step-N``
+        in it, or, with ``auto``, the newest checkpoint in ``path`` that verifies (None: none yet).
+
+        Returns the checkpoint used. Raises :class:`~mpi_sgd.checkpoint.CheckpointError`, on every
+        rank alike, for one that cannot be read or fails its checksum, one written for another
+        model or optimizer, and one that leaves nothing to train within ``--epochs``/``--max-steps``.
+        """
+        found = checkpoint.load(path, self.comm, auto=auto)
+        if found is None:
+            return None
+        state, meta, path = found
+        checkpoint.restore(state, self.model, self.optimizer, path, meta, asdict(self.cfg))
         self.amp.load_state_dict(state.get("amp"))
         self.epoch, self.step_in_epoch, self.step = state["epoch"], state["step_in_epoch"], state["step"]
         if state["world_size"] == self.comm.size:
-            torch.set_rng_state(state["rng"][self.comm.rank])
+            torch.set_rng_state(state["rng"][self.comm.rank].clone())
         else:
             # A different world size: training goes on correctly but not bit for bit. Each rank gets a
             # fresh dropout stream, and an epoch cut at the old R*B cannot be continued at the new one,
@@ -289,6 +367,7 @@ class Trainer:
                 f"checkpoint {path!r} is already at epoch {self.epoch}, step {self.step}: nothing is left to train "
                 f"with {limit}; raise {'them' if self.cfg.max_steps else 'it'} to train on"
             )
+        return path
 
     # -- measurements -----------------------------------------------------------------------
     def metrics(self) -> dict:
@@ -318,6 +397,7 @@ class Trainer:
             ]
             summary[name] = statistics.fmean(slowest) if slowest else 0.0
         return {
+            "skipped_steps": self.skipped,
             "world_size": self.comm.size,
             "backend": self.comm.backend,
             "effective_batch": self.comm.size * self.cfg.batch_size,
@@ -339,3 +419,7 @@ class Trainer:
         ranks left a common barrier when the trainer was made.
         """
         return chrome_trace(self.comm, self.events or [], self._t0)
+
+
+def _ranks(ranks: list[int]) -> str:
+    return f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"

@@ -12,6 +12,8 @@ backward, gradient averaging, momentum update) at per-rank batch B for:
 * ``ddp-gloo`` ``torch.nn.parallel.DistributedDataParallel`` over gloo, defaults untouched:
   what a user of plain PyTorch would run;
 * ``ddp-mpi4py`` the same DDP over the ``"mpi4py"`` torch backend (:mod:`mpi_sgd.comm.torch_mpi4py`);
+* ``unchecked`` (only when named in ``--variants``) ``bucketed`` without its non-finite check
+  (:meth:`mpi_sgd.gradsync.GradSync.outgoing`): set beside ``bucketed``, what that check costs;
 * ``comm-only`` no training, just one blocking all-reduce of a buffer the size of all the
   model's gradients: the communication a step cannot avoid, shown for scale. Without overlap a
   step costs at least ``local`` + ``comm-only``; overlap can hide part of it only where a core
@@ -55,6 +57,7 @@ FEATURES, CLASSES = BENCHMARK_MLP[0], BENCHMARK_MLP[-1]
 DDP_BACKENDS = {"ddp-gloo": "gloo", "ddp-mpi4py": "torch-mpi4py"}  # variant -> the seam's torch backend
 VARIANTS = ("local", *gradsync.STRATEGIES, "bucketed-mpi", *DDP_BACKENDS, "comm-only")
 SHARED_TARGET = 1.10  # a step with shared buckets at most this much slower than one with no communication
+OPTIONAL = ("unchecked",)  # timed only when asked for
 
 
 def _step_fn(model, optimizer, sync, x, y, record, blocked: bool):
@@ -129,10 +132,13 @@ def bench_model(comm, name: str, args, ddp_groups: dict | None = None, device=No
             grads = zeros(sum(p.numel() for p in model.parameters()), device=device)
             calls[key] = lambda grads=grads: comm.allreduce(grads, "sum")
             continue
-        strategy = variant.removesuffix("-mpi")  # bucketed-mpi: bucketed in ordinary memory
+        strategy = (
+            "bucketed" if variant == "unchecked" else variant.removesuffix("-mpi")
+        )  # bucketed-mpi: ordinary memory
         if strategy in gradsync.STRATEGIES:
             shared = False if variant.endswith("-mpi") else None
             sync = gradsync.make(strategy, model, comm, mb if mb is not None else args.bucket_mb[0], shared=shared)
+            sync.check_finite = variant != "unchecked"
         else:  # local, or DDP, which averages inside backward on its own
             if variant in DDP_BACKENDS:
                 model = DistributedDataParallel(model, process_group=ddp_groups[variant])
@@ -288,7 +294,7 @@ def add_parser(kinds) -> None:
         "--variants",
         type=lambda s: s.split(","),
         default=list(VARIANTS),
-        help=f"comma-separated variants: {','.join(VARIANTS)} (default all)",
+        help=f"comma-separated variants: {','.join(VARIANTS + OPTIONAL)} (default: all but {','.join(OPTIONAL)})",
     )
     p.add_argument("--batch-size", type=int, default=64, help="samples per rank per step (default 64)")
     p.add_argument(
@@ -312,7 +318,7 @@ def add_parser(kinds) -> None:
 def _run(args) -> int:
     from ..comm import init
 
-    bad = [m for m in args.models if m not in MODELS] + [v for v in args.variants if v not in VARIANTS]
+    bad = [m for m in args.models if m not in MODELS] + [v for v in args.variants if v not in VARIANTS + OPTIONAL]
     if bad:
         args.parser.error(f"unknown model(s)/variant(s): {', '.join(bad)}")
     if min(args.batch_size, args.steps_per_round, args.rounds) < 1 or args.warmup < 0:

@@ -200,6 +200,8 @@ class ZeroEngine(GradSync):
             u.alloc_grad()  # no-op unless the unit got no gradient: then zeros, so ranks still match
             recv = u.grad_shard if id(u) in self._fresh else torch.empty_like(u.grad_shard)
             self._fresh.discard(id(u))
+            # (the non-finite flag rides in element 0 of every shard: see GradSync.outgoing)
+            self.outgoing(u.grad, self.comm.size, u.grad_shard)
             u.reduce = (self.comm.ireduce_scatter(u.grad, recv), recv, time.perf_counter())
             self._started.append(u)
             self._next += 1

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 import torch
 
-from mpi_sgd import checkpoint, data, gradsync
+from mpi_sgd import data, gradsync
 from mpi_sgd.comm.base import Request
 from mpi_sgd.comm.local import LocalComm
 from mpi_sgd.config import TrainConfig
@@ -106,16 +104,6 @@ def test_synthetic_data_is_a_function_of_the_seed():
 def test_models_take_image_shaped_input(name):
     model = build_model(name, (1, 8, 8), 10)
     assert model(torch.zeros(2, 1, 8, 8)).shape == (2, 10)
-
-
-# -- checkpoints ---------------------------------------------------------------------------------
-def test_checkpoint_write_is_atomic_and_loads_safely(tmp_path):
-    path = str(tmp_path / "sub" / "ckpt.pt")
-    checkpoint.save_atomic({"w": torch.arange(3), "step": 1}, path)
-    checkpoint.save_atomic({"w": torch.arange(4), "step": 2}, path)
-    assert os.listdir(tmp_path / "sub") == ["ckpt.pt"]  # no temporary file left behind
-    state = checkpoint.load(path, LocalComm())
-    assert state["step"] == 2 and torch.equal(state["w"], torch.arange(4))
 
 
 # -- buckets and hooks ---------------------------------------------------------------------------

@@ -1,0 +1,69 @@
+"""Reliability of real jobs: examples/sync_sgd.py under mpiexec, as users launch it.
+
+Non-finite training stops every rank with one message; inputs that would fail later are refused
+at load (one line, exit 2); ranks started with other flags are refused before training (an MPMD
+launch, ``mpiexec -n 1 ... : -n 1 ...``); and a job killed in mid-run resumes with
+``--resume auto`` to parameters bit-identical to an uninterrupted run. The kill drills at every
+step of a save run without MPI in tests/unit/test_checkpoint_dirs.py.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import numpy as np
+
+from mpi_sgd.checkpoint import drill
+from mpi_sgd.launch import mpiexec_command
+
+from .conftest import EXAMPLES, ROOT, run_mpi
+
+SCRIPT = str(EXAMPLES / "sync_sgd.py")
+ENV = {"OMP_NUM_THREADS": "1"}
+
+
+def test_lr_1e6_stops_every_rank_at_one_step_with_one_message():
+    out = run_mpi(2, SCRIPT, "--lr", "1e6", "--epochs", "2", env=ENV, check=False)
+    assert out.returncode == 1, (out.returncode, out.stderr[-2000:])
+    found = re.findall(r"training diverged: loss (?:nan|inf) in step (\d+) \(epoch 0\) on ranks? [\d, ]+;", out.stderr)
+    assert len(found) == 1, out.stderr  # printed once, by the root, for every rank
+    assert "Traceback" not in out.stderr and "loss nan" not in out.stdout and "epoch   0" not in out.stdout
+
+
+def test_inputs_that_would_fail_later_are_refused_at_load(tmp_path):
+    x = np.random.default_rng(0).standard_normal((200, 4)).astype(np.float32)
+    labels = np.arange(200) % 3
+    np.savez(tmp_path / "nan.npz", x=np.where(np.arange(800).reshape(200, 4) == 9, np.nan, x), y=labels)
+    np.savez(tmp_path / "label.npz", x=x, y=np.where(np.arange(200) == 7, 100000, labels))
+    (tmp_path / "file").write_text("")
+    cases = {
+        "lr inf": (["--lr", "inf"], "--lr must be positive and finite"),
+        "nan in data": (["--dataset", str(tmp_path / "nan.npz")], "x holds inf or nan in 1 sample(s)"),
+        "label 100000": (["--dataset", str(tmp_path / "label.npz")], "would make C = 100001 classes"),
+        "unwritable checkpoint": (["--checkpoint", str(tmp_path / "file" / "ck")], "cannot be created"),
+    }
+    for case, (args, message) in cases.items():
+        out = run_mpi(2, SCRIPT, *args, env=ENV, check=False)
+        assert out.returncode == 2, (case, out.returncode, out.stderr[-2000:])
+        lines = out.stderr.strip().splitlines()
+        assert len(lines) == 1 and message in lines[0], (case, out.stderr)
+        assert "epoch" not in out.stdout, case
+
+
+def test_a_rank_started_with_other_flags_is_refused_before_training():
+    cmd, env = mpiexec_command(1, SCRIPT, "--epochs", "2", "--lr", "0.05")
+    cmd += [":", "-n", "1", sys.executable, SCRIPT, "--epochs", "3", "--lr", "0.1"]
+    out = subprocess.run(cmd, cwd=ROOT, env={**env, **ENV}, capture_output=True, text=True, timeout=150)
+    assert out.returncode == 2, (out.returncode, out.stderr[-2000:])
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1, out.stderr
+    assert "--epochs: 2 on rank 0; 3 on rank 1" in lines[0] and "--lr: 0.05 on rank 0; 0.1 on rank 1" in lines[0]
+    assert "epoch" not in out.stdout
+
+
+def test_kill_then_resume_auto_is_bit_identical():
+    cmd, env = mpiexec_command(2, SCRIPT, "--epochs", "4", "--no-progress", "--batch-size", "64")
+    ok, seconds, message = drill.kill_and_resume(cmd, env={**env, **ENV}, timeout=150)
+    assert ok, message

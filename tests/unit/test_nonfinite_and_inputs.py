@@ -1,0 +1,138 @@
+"""Non-finite values stop training (or skip the step) instead of being trained on, and inputs that
+would only fail later are refused at load with one line. One process here; tests/mpi runs the
+same at several world sizes, with the bad value on one rank only."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from mpi_sgd import data, gradsync
+from mpi_sgd.comm.local import LocalComm
+from mpi_sgd.config import TrainConfig
+from mpi_sgd.models import build_model
+from mpi_sgd.trainer import Trainer, TrainingDiverged
+
+B = 8
+
+
+def trainer(ds, **kw) -> Trainer:
+    cfg = TrainConfig(**{"model": "ffnet", "dataset": "toy", "epochs": 5, "batch_size": B, "progress": False,
+                         "dtype": "float64", "seed": 3, **kw})  # fmt: skip
+    return Trainer.from_config(cfg, ds, LocalComm())
+
+
+def toy() -> data.Dataset:
+    return data.toy_regression(num_samples=40, input_size=6, seed=1).to(torch.float64)
+
+
+def poisoned(step: int) -> data.Dataset:
+    """``toy()`` with a NaN in one sample of the batch of 1-based ``step`` (epoch 0)."""
+    ds = toy()
+    idx = data.rank_batches(len(ds), 0, 1, B, 0, 3)[step - 1][2]
+    x = ds.x.clone()
+    x[idx, 4] = float("nan")
+    return data.Dataset(x, ds.y, ds.name)
+
+
+def params(t: Trainer) -> torch.Tensor:
+    return torch.cat([p.detach().reshape(-1) for p in t.model.parameters()])
+
+
+def test_nan_in_a_batch_stops_at_that_step_untrained():
+    t = trainer(poisoned(3))
+    with pytest.raises(TrainingDiverged, match=r"loss nan in step 3 \(epoch 0\) on rank 0"):
+        t.train()
+    before = trainer(toy(), max_steps=2)
+    before.train()
+    assert t.step == 2 and torch.equal(params(t), params(before))  # the NaN step was not applied
+
+
+def test_skip_leaves_the_step_out_on_every_rank(capsys):
+    # Skipping step 3 leaves exactly the parameters (and momentum) of steps 1-2; step 4 then goes on.
+    t = trainer(poisoned(3), max_steps=3, on_nonfinite="skip")
+    t.train()
+    two = trainer(toy(), max_steps=2)
+    two.train()
+    assert t.skipped == 1 and torch.equal(params(t), params(two))
+    assert "skipped step 3 on every rank: loss nan in step 3" in capsys.readouterr().err
+    assert t.metrics()["skipped_steps"] == 1
+
+
+def test_skip_cannot_rescue_non_finite_parameters():
+    t = trainer(toy(), lr=1e30, on_nonfinite="skip", optimizer="sgd", momentum=0.0)
+    with pytest.raises(TrainingDiverged, match="skipping cannot help: 10 steps in a row"):
+        t.train()
+
+
+@pytest.mark.parametrize("strategy", gradsync.STRATEGIES)
+def test_a_gradient_nan_anywhere_reaches_element_0_of_what_is_sent(strategy):
+    model = build_model("ffnet", (6,), 1).double()
+    sync = gradsync.make(strategy, model, LocalComm(), bucket_mb=0.001)
+    first = list(model.parameters())[0]
+    # inf at the far end of one gradient, put there before it is accumulated (and, bucketed, sent)
+    handle = first.register_hook(lambda g: torch.cat([g.reshape(-1)[:-1], g.new_full((1,), float("inf"))]).view_as(g))
+    sync.zero_grad()
+    sync.begin_step()
+    with sync.accumulate():
+        model(torch.randn(4, 6, dtype=torch.float64)).sum().backward()
+    sync.wait()
+    assert not sync.finite() and not bool(sync.local_finite)
+    handle.remove()
+    sync.zero_grad()
+    sync.begin_step()
+    sync.local_finite = torch.tensor(False)  # a non-finite loss with finite gradients: still refused
+    with sync.accumulate():
+        model(torch.randn(4, 6, dtype=torch.float64)).sum().backward()
+    sync.wait()
+    assert not sync.finite()
+
+
+def test_finite_steps_stay_bit_identical_to_plain_training():
+    # The check writes element 0 only when it is poisoned: finite training is untouched.
+    t = trainer(toy(), max_steps=4, strategy="bucketed", bucket_mb=0.0005)
+    t.train()
+    u = trainer(toy(), max_steps=4, strategy="naive")
+    u.train()
+    torch.testing.assert_close(params(t), params(u), rtol=1e-12, atol=1e-12)  # as tests/mpi: order of sums only
+
+
+# -- inputs refused at load ---------------------------------------------------------------------
+@pytest.mark.parametrize("lr", [float("inf"), float("nan"), -1.0])
+def test_lr_must_be_positive_and_finite(lr):
+    with pytest.raises(ValueError, match="--lr must be positive and finite"):
+        TrainConfig(lr=lr)
+
+
+def npz(tmp_path, **arrays) -> str:
+    path = tmp_path / "d.npz"
+    np.savez(path, **arrays)
+    return str(path)
+
+
+x10 = np.zeros((10, 3), np.float32)
+
+
+@pytest.mark.parametrize(
+    ("arrays", "message"),
+    [
+        ({"x": np.array(["a"] * 10), "y": np.zeros(10, np.int64)}, "x must be numbers, but its dtype is <U1"),
+        ({"x": x10, "y": np.array(["cat"] * 10)}, "y must be numbers"),
+        ({"x": x10, "y": np.array([0, 1] * 4 + [1, 100000])}, "the largest, 100000, would make C = 100001"),
+        ({"x": x10, "y": np.array([0, 1] * 4 + [1, 7])}, "only 3 occur; renumber the labels 0 .. 2"),
+        ({"x": x10, "y": np.array([0, 1] * 4 + [1, -1])}, "must be >= 0, found -1"),
+        ({"x": np.where(np.arange(30).reshape(10, 3) == 17, np.nan, x10), "y": np.zeros(10, np.int64)},
+         "x holds inf or nan in 1 sample(s), the first at index 5"),
+        ({"x": x10, "y": np.array([0.5] * 9 + [np.inf])}, "y holds inf or nan"),
+    ],
+)  # fmt: skip
+def test_bad_data_is_refused_at_load_with_one_line(tmp_path, arrays, message):
+    with pytest.raises(ValueError) as e:
+        data.load(npz(tmp_path, **arrays))
+    assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_plausible_labels_pass():
+    y = torch.tensor([0, 2, 3, 2, 0])  # class 1 absent: 3 of 4 classes occur, fine
+    data.check_labels(y, "f.npz")
