@@ -13,11 +13,13 @@ from .args import ArgumentParser
 
 
 def build_parser() -> ArgumentParser:
+    from . import faultmatrix
     from .bench import cli as bench_cli
 
     parser = ArgumentParser(prog="mpi-sgd", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     bench_cli.add_parser(sub)
+    faultmatrix.add_parser(sub)
     return parser
 
 

@@ -72,6 +72,9 @@ class CommWrapper(Communicator):
     def wtime(self) -> float:
         return self.inner.wtime()
 
+    def where(self, phase: str, step: int | None = None) -> None:
+        return self.inner.where(phase, step)
+
     # -- point to point -------------------------------------------------------------------
     def send(self, buf, dest: int, tag: int = 0) -> None:
         return self.inner.send(buf, dest, tag)

@@ -14,7 +14,9 @@ import torch
 
 from mpi_sgd.comm import CollectiveMismatchError, Communicator
 from mpi_sgd.comm.checked import CheckedComm
+from mpi_sgd.comm.faults import Fault, FaultComm
 from mpi_sgd.comm.local import LocalComm
+from mpi_sgd.comm.watchdog import Watchdog
 from mpi_sgd.comm.wrapper import CommWrapper
 
 SEAM = sorted(
@@ -74,20 +76,30 @@ def every_call(comm) -> list[tuple]:
     comm.scatter(slot, x, 0)
     comm.reduce_scatter(x, x, [3], "sum")
     comm.barrier()
+    comm.where("forward", 3)
     assert comm.bcast_obj("o", 0) == "o" and comm.allgather_obj(1) == [1] and comm.gather_obj(2, 0) == [2]
     assert comm.wtime() > 0
     with pytest.raises(SystemExit):
         comm.abort(3)
     names = ["send", "recv", "irecv", "isend", "allreduce", "iallreduce", "broadcast", "reduce", "gather",
-             "allgather", "scatter", "reduce_scatter", "barrier", "bcast_obj", "allgather_obj", "gather_obj",
-             "wtime", "abort"]  # fmt: skip
+             "allgather", "scatter", "reduce_scatter", "barrier", "where", "bcast_obj", "allgather_obj",
+             "gather_obj", "wtime", "abort"]  # fmt: skip
     assert sorted(names) == SEAM  # the list above covers the whole seam
     return names
 
 
-def test_calls_reach_the_inner_communicator_unchanged():
+# Every wrapper of the library, built so that it adds nothing here (a fault for another rank).
+WRAPPERS = {
+    "CommWrapper": CommWrapper,
+    "Watchdog": lambda inner: Watchdog(inner, timeout=5),
+    "FaultComm": lambda inner: FaultComm(inner, Fault.parse("1:1:raise")),
+}
+
+
+@pytest.mark.parametrize("wrap", WRAPPERS.values(), ids=WRAPPERS.keys())
+def test_calls_reach_the_inner_communicator_unchanged(wrap):
     inner = Recording()
-    wrapped = CommWrapper(inner)
+    wrapped = wrap(inner)
     names = every_call(wrapped)
     assert [c[0] for c in inner.calls] == names
     assert inner.calls[4][2:] == ("max",) and inner.calls[7][2:] == ("sum", 0)  # arguments pass through
@@ -96,7 +108,7 @@ def test_calls_reach_the_inner_communicator_unchanged():
     assert wrapped.device == "cpu"  # a backend's own attribute, looked up on the inner one
     with pytest.raises(AttributeError):
         _ = wrapped.no_such_thing
-    assert repr(wrapped) == "<CommWrapper of <Recording backend=local rank=0/1>>"
+    assert repr(wrapped) == f"<{type(wrapped).__name__} of <Recording backend=local rank=0/1>>"
 
 
 def test_a_wrapper_overrides_only_its_concern_and_stacks():
