@@ -125,6 +125,11 @@ bench: venv
 bench-sgd: venv
 	$(MPIEXEC) -n $(NP) $(BIN)/mpi-sgd bench sgd
 
+# Every way of breaking a two-rank training job, and how long the job took to end (also in make test).
+.PHONY: faults
+faults: venv
+	$(BIN)/mpi-sgd faults --script examples/sync_sgd.py
+
 lint: venv
 	$(BIN)/ruff check mpi_sgd examples tests
 	$(BIN)/ruff format --check mpi_sgd examples tests

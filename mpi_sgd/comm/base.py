@@ -200,6 +200,7 @@ class Communicator(abc.ABC):
         Nothing here; wrappers listen: the watchdog names it when a peer waits for this rank, and
         fault injection picks its moment by it. Cheap enough to call a few times per step.
         """
+        return None
 
     def wtime(self) -> float:
         """Wall-clock seconds, the clock benchmarks read (``MPI.Wtime`` where MPI is up)."""

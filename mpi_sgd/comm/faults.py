@@ -73,7 +73,9 @@ class FaultComm(CommWrapper):
 
     def _fire(self) -> None:
         f = self.fault
-        sys.stderr.write(f"{ANNOUNCE} rank {f.rank}, step {f.step}: {f.kind} (MPI_SGD_FAULT={f}) at {time.time():.3f}\n")
+        sys.stderr.write(
+            f"{ANNOUNCE} rank {f.rank}, step {f.step}: {f.kind} (MPI_SGD_FAULT={f}) at {time.time():.3f}\n"
+        )
         sys.stderr.flush()
         if f.kind == "raise":
             raise RuntimeError(f"fault injected by MPI_SGD_FAULT={f}")

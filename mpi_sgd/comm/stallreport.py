@@ -60,9 +60,7 @@ def stall_report(me: dict, others: dict[int, dict | None], timeout: float) -> st
             theirs, mine = _call(s, seq), _call(me, seq)
             if theirs and mine and theirs[2] != mine[2]:
                 mismatched.append(rank)
-                notes.append(
-                    f"rank {rank} made call #{seq} as {theirs[2]}, where rank {me['rank']} made {mine[2]}"
-                )
+                notes.append(f"rank {rank} made call #{seq} as {theirs[2]}, where rank {me['rank']} made {mine[2]}")
     head = f"mpi_sgd watchdog: {label} has waited {age:.1f} s on rank {me['rank']} ({me['host']})"
     if missing:
         head += f": rank{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))} missing"

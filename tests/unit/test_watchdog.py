@@ -31,8 +31,12 @@ def test_the_report_names_missing_ranks_where_they_were_and_every_stack():
         2: status(2, 56, phase="forward"),  # not there yet
         3: None,  # no answer
         4: status(4, 55, phase="backward", step=411, left=True),
-        5: status(5, 57, blocked=[57, "broadcast (call #57)", 60.0],
-                  calls=[(57, "broadcast (call #57)", "broadcast((10,) float32 root 0)")]),  # fmt: skip
+        5: status(
+            5,
+            57,
+            blocked=[57, "broadcast (call #57)", 60.0],
+            calls=[(57, "broadcast (call #57)", "broadcast((10,) float32 root 0)")],
+        ),  # fmt: skip
     }
     text = stall_report(me, others, timeout=60)
     head = text.splitlines()[0]
@@ -43,7 +47,10 @@ def test_the_report_names_missing_ranks_where_they_were_and_every_stack():
     assert "  rank 2 on h2 last seen in forward of step 412, 3.0 s ago" in text
     assert "  rank 3 did not answer: killed, or stuck outside Python" in text
     assert "  rank 4 has left the job: it exited during backward of step 411" in text
-    assert "  rank 5 made call #57 as broadcast((10,) float32 root 0), where rank 0 made allreduce((10,) float32 sum)" in text
+    assert (
+        "  rank 5 made call #57 as broadcast((10,) float32 root 0), where rank 0 made allreduce((10,) float32 sum)"
+        in (text)
+    )
     assert "rank 1" not in head  # it is there, waiting too
     for r in (0, 1, 2, 5):
         assert f"stack of {r}" in text
@@ -57,8 +64,10 @@ def test_everyone_arrived_says_so():
 
 
 def test_a_mismatch_shows_both_calls():
-    text = mismatch_report(9, {0: [9, "iallreduce[0] of step 3 (call #9)", "iallreduce((8,) float32 sum)"],
-                               1: [9, "iallreduce[0] of step 3 (call #9)", "iallreduce((7,) float32 sum)"]})  # fmt: skip
+    label = "iallreduce[0] of step 3 (call #9)"
+    text = mismatch_report(
+        9, {0: [9, label, "iallreduce((8,) float32 sum)"], 1: [9, label, "iallreduce((7,) float32 sum)"]}
+    )
     assert text.splitlines() == [
         "mpi_sgd watchdog: ranks made different collective calls at call #9:",
         "  rank 0: iallreduce((8,) float32 sum), its iallreduce[0] of step 3 (call #9)",
@@ -133,3 +142,22 @@ def test_stall_timeout_from_the_environment():
     for bad in ("soon", "-1", "inf"):
         with pytest.raises(ValueError, match="T must be"):
             env_seconds("T", 60.0, {"T": bad})
+
+
+def test_the_fault_matrix_judges_status_message_and_time():
+    from mpi_sgd.faultmatrix import CASES, judge
+
+    stall = next(c for c in CASES if c.fault and c.fault.endswith("stall"))
+    report = (
+        "mpi_sgd watchdog: wait() of iallreduce[0] of step 3 (call #9) has waited 3.2 s on rank 0 (h): rank 1 missing"
+    )
+    fault = "mpi_sgd fault: rank 1, step 3: stall (MPI_SGD_FAULT=1:3:stall) at 1000.0\n"
+    ok = judge(stall, 1, fault + report, start=990.0, end=1005.0, stall_timeout=3)
+    assert ok.passed and ok.seconds == 5.0 and ok.bound == 13.0 and ok.message == report[len("mpi_sgd ") :]
+    # each way of not ending as it should fails the case
+    assert not judge(stall, 1, fault + report, 990.0, 1013.5, 3).passed  # too slow after the fault
+    assert not judge(stall, 0, fault + report, 990.0, 1005.0, 3).passed  # exit status 0
+    assert not judge(stall, 1, fault + "something else", 990.0, 1005.0, 3).passed  # no such message
+    assert not judge(stall, 1, report, 990.0, 1005.0, 3).passed  # the fault never happened
+    bad_arg = next(c for c in CASES if c.status == "2")
+    assert not judge(bad_arg, 1, "error: --lr must be positive, got -1.0", 0.0, 5.0, 3).passed  # status 1, not 2
