@@ -8,6 +8,9 @@ backward, gradient averaging, momentum update) at per-rank batch B for:
 * ``naive``, ``flat``, ``bucketed``  the strategies of :mod:`mpi_sgd.gradsync` over mpi4py;
 * ``ddp-gloo`` ``torch.nn.parallel.DistributedDataParallel`` over gloo, defaults untouched:
   what a user of plain PyTorch would run;
+* ``bucketed-no-watchdog`` (only when asked for) ``bucketed`` on the communicator under the stall
+  watchdog that ``comm.init`` puts around every job: ``bucketed`` over this is what the watchdog
+  costs per step (its thread runs in both);
 * ``comm-only`` no training, just one blocking all-reduce of a buffer the size of all the
   model's gradients: the communication a step cannot avoid, shown for scale. Without overlap a
   step costs at least ``local`` + ``comm-only``; overlap can hide part of it only where a core
@@ -36,6 +39,7 @@ from ..trainer import train_step
 MODELS = ("mlp", "simplenet")  # --model names, built for 784 features and 10 classes
 FEATURES, CLASSES = BENCHMARK_MLP[0], BENCHMARK_MLP[-1]
 VARIANTS = ("local", *gradsync.STRATEGIES, "ddp-gloo", "comm-only")
+NO_WATCHDOG = "bucketed-no-watchdog"  # not run unless named in --variants
 
 
 def _step_fn(model, optimizer, sync, x, y, record, blocked: bool):
@@ -50,6 +54,25 @@ def _step_fn(model, optimizer, sync, x, y, record, blocked: bool):
     return step
 
 
+def _without_watchdog(comm):
+    from ..comm.watchdog import Watchdog
+
+    return comm.inner if isinstance(comm, Watchdog) else comm
+
+
+def watchdog_costs(rows) -> list[str]:
+    """'simplenet: bucketed / bucketed-no-watchdog = 1.004x per step' for each model (and bucket size)."""
+    out = []
+    for r in rows:
+        bare = next((b for b in rows if b["model"] == r["model"] and b["variant"] == r["variant"].replace(
+            "bucketed", NO_WATCHDOG, 1)), None) if r["variant"].startswith("bucketed") else None  # fmt: skip
+        if bare is not None and bare is not r:
+            out.append(
+                f"{r['model']}: {r['variant']} / {bare['variant']} = {r['step_s'] / bare['step_s']:.3f}x per step"
+            )
+    return out
+
+
 def _build(name: str, comm, seed: int):
     torch.manual_seed(seed)
     model = build_model(name, (FEATURES,), CLASSES)
@@ -61,7 +84,7 @@ def variants(names, bucket_mbs) -> list[tuple[str, float | None]]:
     """(variant, bucket MB) pairs: 'bucketed' once per bucket size, the others once."""
     out = []
     for v in names:
-        out += [(v, mb) for mb in bucket_mbs] if v == "bucketed" else [(v, None)]
+        out += [(v, mb) for mb in bucket_mbs] if v in ("bucketed", NO_WATCHDOG) else [(v, None)]
     return out
 
 
@@ -95,13 +118,16 @@ def bench_model(comm, name: str, args, ddp_group=None) -> list[dict]:
             continue
         if variant in gradsync.STRATEGIES:
             sync = gradsync.make(variant, model, comm, mb if mb is not None else args.bucket_mb[0])
+        elif variant == NO_WATCHDOG:
+            sync = gradsync.make("bucketed", model, _without_watchdog(comm), mb)
         else:  # local, or DDP, which averages inside backward on its own
             if variant == "ddp-gloo":
                 model = DistributedDataParallel(model, process_group=ddp_group)
             sync = gradsync.LocalGradients(model)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
         records[key] = []
-        calls[key] = _step_fn(model, optimizer, sync, x, y, records[key], variant in gradsync.STRATEGIES)
+        timed_sync = variant in gradsync.STRATEGIES or variant == NO_WATCHDOG
+        calls[key] = _step_fn(model, optimizer, sync, x, y, records[key], timed_sync)
     iterations = args.steps_per_round * args.rounds
     times = time_interleaved(comm, calls, iterations=iterations, warmup=args.warmup, rounds=args.rounds)
     rows = []
@@ -196,6 +222,8 @@ def main(comm, args) -> int:
             "gradient communication\n"
         )
         print(table(rows))
+        for line in watchdog_costs(rows):
+            print(f"watchdog: {line}")
         payload = {"world_size": comm.size, "batch_size": args.batch_size, "threads": threads,
                    "bucket_mb": args.bucket_mb, "rows": rows}  # fmt: skip
         save_results(args, f"sgd-n{comm.size}", payload, lambda png: plot(rows, png))
@@ -219,7 +247,8 @@ def add_parser(kinds) -> None:
         "--variants",
         type=lambda s: s.split(","),
         default=list(VARIANTS),
-        help=f"comma-separated variants: {','.join(VARIANTS)} (default all)",
+        help=f"comma-separated variants: {','.join(VARIANTS)} (default all), and {NO_WATCHDOG} (bucketed without "
+        "the stall watchdog, to time what it costs)",
     )
     p.add_argument("--batch-size", type=int, default=64, help="samples per rank per step (default 64)")
     p.add_argument(
@@ -240,7 +269,7 @@ def add_parser(kinds) -> None:
 def _run(args) -> int:
     from ..comm import init
 
-    bad = [m for m in args.models if m not in MODELS] + [v for v in args.variants if v not in VARIANTS]
+    bad = [m for m in args.models if m not in MODELS] + [v for v in args.variants if v not in (*VARIANTS, NO_WATCHDOG)]
     if bad:
         args.parser.error(f"unknown model(s)/variant(s): {', '.join(bad)}")
     if min(args.batch_size, args.steps_per_round, args.rounds) < 1 or args.warmup < 0:
