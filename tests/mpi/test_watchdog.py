@@ -21,7 +21,7 @@ def test_a_late_rank_is_named_with_where_it_was(comm):
     late = comm.size - 1
     try:
         if comm.size == 1:  # nobody to wait for: no thread, calls pass straight through
-            assert wd._thread is None
+            assert wd.monitor is None
         wd.barrier()
         buf = torch.full((4,), float(comm.rank + 1))
         if comm.rank == late and comm.size > 1:

@@ -77,7 +77,7 @@ def test_a_mismatch_shows_both_calls():
 
 def test_the_watchdog_notes_calls_and_steps_on_one_rank():
     wd = Watchdog(LocalComm(), timeout=5)
-    assert wd._thread is None  # one rank waits for nobody
+    assert wd.monitor is None  # one rank waits for nobody
     wd.allreduce(torch.ones(3))
     wd.where("forward", 4)
     req = wd.iallreduce(torch.ones(2, 5), "avg")
