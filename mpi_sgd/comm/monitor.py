@@ -114,7 +114,7 @@ class Monitor:
             elif tag == CHECK:
                 self._theirs[src] = tuple(msg)
             elif tag == HIST_REQ:
-                self._send(src, HIST, {"checks": list(self.wd.checks), "calls": list(self.wd.calls)})
+                self._send(src, HIST, {"checks": list(self.wd.checks), "calls": self.wd.history()})
             elif tag == HIST:
                 self._replies[src] = msg
 
@@ -177,7 +177,7 @@ class Monitor:
         """Print the first call that differed between rank 0 and ``rank`` (from its history), and abort."""
         text = f"mpi_sgd watchdog: rank {rank}'s collective calls differ from rank 0's"
         if theirs:
-            mine = {c[0]: c for c in self.wd.calls}
+            mine = {c[0]: c for c in self.wd.history()}
             differ = sorted(c[0] for c in theirs["calls"] if c[0] in mine and mine[c[0]][2] != c[2])
             if differ:
                 first = next(c for c in theirs["calls"] if c[0] == differ[0])
@@ -203,7 +203,7 @@ class Monitor:
             me = {**self.wd.status(stack=False), "left": True, "crc": self.wd.crc}
             for r in range(self.wd.size):
                 if r != self.wd.rank:
-                    self._send(r, LEFT, {**me, "calls": list(self.wd.calls)[-512:]} if r == 0 else me)
+                    self._send(r, LEFT, {**me, "calls": self.wd.history(512)} if r == 0 else me)
             deadline = time.monotonic() + ANSWER_WAIT
             while self.wd.rank == 0 and len(self._left) < self.wd.size - 1 and time.monotonic() < deadline:
                 time.sleep(0.005)

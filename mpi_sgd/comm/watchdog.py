@@ -51,8 +51,17 @@ from .wrapper import CommWrapper
 CHECK_EVERY = 16  # collectives per kept CRC
 
 
+_SIGS: dict = {}  # (shape, dtype) -> its text: formatting it anew costs more than the rest of a call's notes
+
+
 def _sig(buf) -> str:
-    return "none" if buf is None else f"{tuple(buf.shape)} {str(buf.dtype).replace('torch.', '')}"
+    if buf is None:
+        return "none"
+    key = (buf.shape, buf.dtype)
+    text = _SIGS.get(key)
+    if text is None:
+        text = _SIGS[key] = f"{tuple(buf.shape)} {str(buf.dtype).replace('torch.', '')}"
+    return text
 
 
 class Watchdog(CommWrapper):
@@ -79,31 +88,32 @@ class Watchdog(CommWrapper):
         self.phase, self.phase_t = phase, time.monotonic()
         self.inner.where(phase, step)
 
-    def _start(self, name: str, sig: str) -> int:
+    # Per call only raw facts are kept, (seq, name, step, index in step, call text); labels are
+    # formatted when someone asks (status, history), which is rare.
+    def _start(self, name: str, sig: str) -> tuple:
         self.seq += 1
-        seq = self.seq
         call = f"{name}({sig})"
-        self.calls.append((seq, call_label(name, self.step, self.index, seq), call))
+        entry = (self.seq, name, self.step, self.index, call)
+        self.calls.append(entry)
         self.index += 1
         self.crc = zlib.crc32(call.encode(), self.crc)
-        if seq % CHECK_EVERY == 0:
-            self.checks.append((seq, self.crc))
-        return seq
+        if self.seq % CHECK_EVERY == 0:
+            self.checks.append((self.seq, self.crc))
+        return entry
 
     def _blocking(self, name: str, sig: str, call, *args):
-        seq = self._start(name, sig)
-        self.blocked = (seq, self.calls[-1][1], time.monotonic())
+        self.blocked = (self._start(name, sig), "", time.monotonic())
         try:
             return call(*args)
         finally:
             self.blocked = None
 
     def _nonblocking(self, name: str, sig: str, call, *args) -> Request:
-        seq = self._start(name, sig)
-        label, req = self.calls[-1][1], call(*args)
+        entry = self._start(name, sig)
+        req = call(*args)
 
         def wait(r):
-            self.blocked = (seq, f"wait() of {label}", time.monotonic())
+            self.blocked = (entry, "wait() of ", time.monotonic())
             try:
                 r.wait()
             finally:
@@ -163,13 +173,26 @@ class Watchdog(CommWrapper):
         return self._blocking("gather_obj", f"root {root}", self.inner.gather_obj, obj, root)
 
     # -- this rank, described (any thread) ---------------------------------------------------------
+    def history(self, calls: int | None = None) -> list[list]:
+        """The last ``calls`` collectives (all kept if None) as ``[seq, label, call]``."""
+        kept = list(self.calls)  # one C-level copy: safe while the main thread appends
+        return [
+            [seq, call_label(name, step, index, seq), call] for seq, name, step, index, call in kept[-(calls or 0) :]
+        ]
+
     def status(self, stack: bool = True, calls: int = 16) -> dict:
         now, blocked = time.monotonic(), self.blocked
+        if blocked is not None:
+            entry, what, since = blocked
+            if entry is None:  # point to point: what says it all
+                blocked = [None, what, now - since]
+            else:
+                seq, name, step, index, _ = entry
+                blocked = [seq, what + call_label(name, step, index, seq), now - since]
         return {
             "rank": self.rank, "host": self.host, "pid": self.pid, "step": self.step, "phase": self.phase,
-            "phase_age": now - self.phase_t, "seq": self.seq, "left": False,
-            "blocked": None if blocked is None else [blocked[0], blocked[1], now - blocked[2]],
-            "calls": [list(c) for c in list(self.calls)[-calls:]],
+            "phase_age": now - self.phase_t, "seq": self.seq, "left": False, "blocked": blocked,
+            "calls": self.history(calls),
             "stack": _stacks(drop_current=threading.current_thread() is not threading.main_thread()) if stack else "",
         }  # fmt: skip
 

@@ -83,7 +83,7 @@ def test_the_watchdog_notes_calls_and_steps_on_one_rank():
     req = wd.iallreduce(torch.ones(2, 5), "avg")
     wd.broadcast(torch.ones(1, dtype=torch.float64), root=0)
     req.wait()
-    assert [c[1:] for c in wd.calls] == [
+    assert [tuple(c[1:]) for c in wd.history()] == [
         ("allreduce (call #1)", "allreduce((3,) float32 sum)"),
         ("iallreduce[0] of step 4 (call #2)", "iallreduce((2, 5) float32 avg)"),
         ("broadcast[1] of step 4 (call #3)", "broadcast((1,) float64 root 0)"),
