@@ -50,6 +50,7 @@ endif
 export MPI_SGD_MPIEXEC := $(MPIEXEC)
 
 .PHONY: venv venv-torch demo test test-unit test-mpi test-mpirun test-integration examples bench lint clean
+.PHONY: netns-cluster netns-validate docker-cluster docker-down
 
 venv: $(STAMP)
 
@@ -129,6 +130,49 @@ bench-sgd: venv
 .PHONY: faults
 faults: venv
 	$(BIN)/mpi-sgd faults --script examples/sync_sgd.py
+
+# -- multi-host -------------------------------------------------------------------------------
+# Two hosts on this machine (root): network namespaces a and b joined by a veth pair, each with
+# sshd and keys made for this cluster (openssh-server is installed on demand). Runs the
+# multi-host command exactly as a user types it, shows the bytes that crossed the link, and
+# tears everything down, on failure and Ctrl-C too.
+netns-cluster: venv
+	PATH="$(BIN):$$PATH" $(PY) -m mpi_sgd.cluster.netns --hosts a,b -- \
+	  mpiexec -n 4 -hosts a,b python examples/sync_sgd.py
+
+# The speedup model over the wire: bench validate on the namespace cluster, every job's ranks
+# round-robin on hosts a and b (the calibration's all-reduce sweep and the runs cross the veth).
+netns-validate: venv
+	PATH="$(BIN):$$PATH" $(PY) -m mpi_sgd.cluster.netns --hosts a,b -- \
+	  env MPI_SGD_MPIEXEC="mpiexec -hosts a,b" mpi-sgd bench validate --out-dir results/netns
+
+# A head and WORKERS workers in Docker (docker/compose.yml): build, start, wait until every worker
+# answers ssh, check them with the doctor, then train from the head. make docker-down removes it all.
+WORKERS ?= 2
+COMPOSE := docker compose -f docker/compose.yml
+DOCKER_HOSTFILE := /home/mpi/hostfile
+docker-cluster:
+	@timeout 4 docker info >/dev/null 2>&1 || { \
+	  echo "make docker-cluster: no Docker engine answers here ('docker info' failed)." >&2; \
+	  echo "  Start Docker (dockerd or Docker Desktop) and retry, or run 'make netns-cluster' (root):" >&2; \
+	  echo "  two hosts on this machine as network namespaces, no Docker needed." >&2; exit 1; }
+	WORKERS=$(WORKERS) $(COMPOSE) up --build --detach --wait
+	$(COMPOSE) exec head mpi-sgd doctor -f $(DOCKER_HOSTFILE)
+	$(COMPOSE) exec head mpiexec -n 4 -f $(DOCKER_HOSTFILE) python examples/sync_sgd.py
+
+docker-down:
+	$(COMPOSE) down --volumes --remove-orphans
+
+# Asynchronous (parameter server) vs synchronous SGD: R = 2, 3, 4, a straggler, a communication-bound
+# case; one process that starts its own mpiexec jobs.
+.PHONY: bench-async
+bench-async: venv
+	$(BIN)/mpi-sgd bench async
+
+# Sharded data parallel: memory and bytes per rank vs the ZeRO formulas, step time vs plain data parallel.
+.PHONY: bench-zero
+bench-zero: venv
+	$(MPIEXEC) -n $(NP) $(BIN)/mpi-sgd bench zero
 
 lint: venv
 	$(BIN)/ruff check mpi_sgd examples tests

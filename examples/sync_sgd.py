@@ -9,7 +9,8 @@ The same file runs as one process (`python examples/sync_sgd.py`) and on many ho
 
 Try: --strategy naive|flat|bucketed, --optimizer adam, --dataset toy --model ffnet,
 --dataset your.npz, --val-fraction 0.2, --grad-accum 4, --checkpoint ckpt.pt then
---resume ckpt.pt, --metrics-json metrics.json.
+--resume ckpt.pt, --metrics-json metrics.json, --zero 1|2|3 (sharded data parallel; see
+examples/07_zero.py).
 """
 
 import torch
@@ -51,12 +52,13 @@ if comm.is_root:
     print(
         f"{cfg.model} on {train.name} ({len(train)} samples, {len(val) if val else 0} held out; {task}); "
         f"{comm.size} rank(s) x batch {cfg.batch_size} = effective batch {comm.size * cfg.batch_size}; "
-        f"{cfg.strategy} gradient averaging over {comm.backend}"
+        f"{f'ZeRO stage {cfg.zero}' if cfg.zero else cfg.strategy} gradient averaging over {comm.backend}"
     )
 
 # What 05_sgd_by_hand.py writes out, from the library: one replica of cfg.model per rank, rank 0's
 # parameters broadcast to all (gradsync.broadcast_parameters), gradients averaged every step by
-# cfg.strategy (gradsync.make), and Trainer's loop of steps around them (Trainer.from_config).
+# cfg.strategy (gradsync.make) or sharded by ZeRO stage cfg.zero (zero.make), and Trainer's loop
+# of steps around them (Trainer.from_config).
 trainer = Trainer.from_config(cfg, train, comm, val=val)
 if cfg.resume:
     try:

@@ -97,7 +97,14 @@ def restore(state, model, optimizer, path: str) -> None:
     missing = [k for k in TRAINER_KEYS if k not in state] if isinstance(state, dict) else list(TRAINER_KEYS)
     if missing:
         raise CheckpointError(f"{path!r} is not a checkpoint of mpi_sgd's trainer: it has no {', '.join(missing)}")
-    saved, mine = state["model"], model.state_dict()
+    saved = state["model"]
+    if hasattr(optimizer, "load_full_state_dict"):  # sharded (mpi_sgd.zero): each rank takes its shards
+        try:
+            optimizer.load_full_state_dict(saved, state["optimizer"])
+        except (ValueError, KeyError, IndexError, RuntimeError) as e:
+            raise CheckpointError(f"checkpoint {path!r} does not fit this model and optimizer: {e}") from None
+        return
+    mine = model.state_dict()
     for name in sorted(saved.keys() | mine.keys()):
         there = tuple(saved[name].shape) if name in saved else "absent"
         here = tuple(mine[name].shape) if name in mine else "absent"

@@ -7,24 +7,29 @@ Usage errors exit 2 with the usage, as argparse does, before any communication s
 
 from __future__ import annotations
 
+import importlib
 import sys
 
 from .args import ArgumentParser
 
+# command -> the module that registers it. Only the command being run is imported: the
+# benchmarks import torch (seconds on a busy host), and `mpi-sgd doctor` must answer quickly.
+COMMANDS = {"bench": ".bench.cli", "doctor": ".cluster.doctor", "faults": ".faultmatrix"}
 
-def build_parser() -> ArgumentParser:
-    from . import faultmatrix
-    from .bench import cli as bench_cli
 
+def build_parser(only: str | None = None) -> ArgumentParser:
     parser = ArgumentParser(prog="mpi-sgd", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    bench_cli.add_parser(sub)
-    faultmatrix.add_parser(sub)
+    for name, module in COMMANDS.items():
+        if only in (None, name):
+            importlib.import_module(module, __package__).add_parser(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    only = argv[0] if argv and argv[0] in COMMANDS else None
+    args = build_parser(only).parse_args(argv)
     return int(args.func(args) or 0)
 
 

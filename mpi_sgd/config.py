@@ -39,6 +39,9 @@ class TrainConfig:
     optimizer: str = _flag("sgd", f"optimizer: {', '.join(OPTIMIZERS)}")
     strategy: str = _flag("bucketed", f"gradient averaging: {', '.join(STRATEGIES)}")
     bucket_mb: float = _flag(1.0, "bucket size in MB for --strategy bucketed")
+    zero: int = _flag(
+        0, "ZeRO stage: 0 off; 1 shards optimizer state, 2 also gradients, 3 also parameters (replaces --strategy)"
+    )
     seed: int = _flag(0, "seed for model initialisation, data order and synthetic data")
     device: str = _flag("cpu", "torch device, e.g. cpu or cuda")
     backend: str = _flag("mpi4py", f"communicator: {', '.join(BACKENDS)}")
@@ -96,6 +99,7 @@ class TrainConfig:
         check(self.lr > 0, f"--lr must be positive, got {self.lr}")
         check(0 <= self.momentum < 1, f"--momentum must be in [0, 1), got {self.momentum}")
         check(self.bucket_mb > 0, f"--bucket-mb must be positive, got {self.bucket_mb}")
+        check(self.zero in (0, 1, 2, 3), f"--zero must be 0, 1, 2 or 3, got {self.zero}")
         check(self.resume is None or os.path.isfile(self.resume), f"checkpoint {self.resume!r} does not exist")
         check(self.max_steps >= 0, f"--max-steps must be 0 or more, got {self.max_steps}")
         for name in ("stall_timeout", "stall_abort"):

@@ -90,6 +90,28 @@ def placement(env: Mapping[str, str] | None = None) -> Placement:
     return Placement(0, 1, 0, 1, "none")
 
 
+def check_world(size: int, env: Mapping[str, str] | None = None) -> None:
+    """Stop when Slurm started several tasks but MPI sees a world of one in each.
+
+    Plain ``srun python script.py``, without a PMI that this MPI understands, starts N separate
+    singletons: each would train alone on all the data and report success. ``srun`` announces
+    the step's size in ``SLURM_STEP_NUM_TASKS``; MPI's own size must match it.
+    """
+    env = os.environ if env is None else env
+    try:
+        tasks = int(env.get("SLURM_STEP_NUM_TASKS", "1"))
+    except ValueError:
+        return
+    if size == 1 and tasks > 1:
+        sys.stderr.write(
+            f"mpi_sgd: Slurm started {tasks} tasks in this step, but MPI sees a world of 1 in each: srun started "
+            "them without a PMI this MPI understands, so each would train alone. Launch with srun --mpi=pmix "
+            "(or --mpi=pmi2; srun --mpi=list shows what your Slurm offers), or run mpiexec inside the allocation "
+            "(see hostfiles/slurm.sbatch).\n"
+        )
+        sys.exit(2)
+
+
 class JobError(RuntimeError):
     """A failure whose message says all there is to say: reported without a traceback."""
 
@@ -136,6 +158,10 @@ def pin_threads(local_size: int) -> int:
     return torch.get_num_threads()
 
 
+# How to reach the hosts (the cluster's ssh, the interface): the user's settings, kept for new jobs.
+LAUNCHER_SETTINGS = ("HYDRA_LAUNCHER_EXEC", "HYDRA_LAUNCHER", "HYDRA_IFACE")
+
+
 def mpiexec_command(ranks: int, *argv: str) -> tuple[list[str], dict[str, str]]:
     """The command and environment that start ``ranks`` copies of this Python running ``argv``.
 
@@ -153,7 +179,8 @@ def mpiexec_command(ranks: int, *argv: str) -> tuple[list[str], dict[str, str]]:
     else:
         beside = shutil.which("mpiexec", path=str(Path(sys.executable).parent))
         mpiexec = [beside or shutil.which("mpiexec") or "mpiexec"]
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "HYDRA_", "OMPI_", "PMIX_"))}
+    env = {k: v for k, v in os.environ.items()
+           if k in LAUNCHER_SETTINGS or not k.startswith(("PMI_", "HYDRA_", "OMPI_", "PMIX_"))}  # fmt: skip
     return [*mpiexec, "-n", str(ranks), sys.executable, *argv], env
 
 

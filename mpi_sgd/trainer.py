@@ -28,7 +28,7 @@ import torch
 from torch.nn import functional as F
 from tqdm import tqdm
 
-from . import checkpoint, data, gradsync
+from . import checkpoint, data, gradsync, zero
 from .comm import split_counts
 from .config import TrainConfig
 from .gradsync import GradSync
@@ -41,10 +41,12 @@ class TrainingDiverged(JobError):
     """The loss is no longer a finite number: every later step would train on garbage."""
 
 
-def make_optimizer(cfg: TrainConfig, model: torch.nn.Module) -> torch.optim.Optimizer:
+def make_optimizer(cfg: TrainConfig, model) -> torch.optim.Optimizer:
+    """``cfg``'s optimizer over a model's parameters, or over a list of tensors (a sharded optimizer's shards)."""
+    params = model.parameters() if isinstance(model, torch.nn.Module) else model
     if cfg.optimizer == "adam":
-        return torch.optim.Adam(model.parameters(), lr=cfg.lr)
-    return torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum)
+        return torch.optim.Adam(params, lr=cfg.lr)
+    return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum)
 
 
 @dataclass(frozen=True)
@@ -136,8 +138,13 @@ class Trainer:
         model = model.to(dataset.x.device, dataset.x.dtype)
         gradsync.broadcast_parameters(model, comm)
         torch.manual_seed(cfg.seed + comm.rank)
-        sync = gradsync.make(cfg.strategy, model, comm, cfg.bucket_mb, events=[] if cfg.timeline else None)
-        return cls(model, make_optimizer(cfg, model), sync, dataset, comm, cfg, val=val)
+        events = [] if cfg.timeline else None
+        if cfg.zero:  # sharded data parallel: the optimizer steps on this rank's shards only
+            sync, optimizer = zero.make(cfg.zero, model, comm, lambda shards: make_optimizer(cfg, shards), events)
+        else:
+            optimizer = make_optimizer(cfg, model)
+            sync = gradsync.make(cfg.strategy, model, comm, cfg.bucket_mb, events)
+        return cls(model, optimizer, sync, dataset, comm, cfg, val=val)
 
     def _run_batch(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """One step on this rank's batch, its times kept; returns (loss sum, correct, samples) to log."""
@@ -240,10 +247,15 @@ class Trainer:
     def _save_checkpoint(self, path: str) -> None:
         # Every rank's RNG state (dropout masks differ per rank), so a resume is bit-exact.
         rng = self.comm.gather_obj(torch.get_rng_state())
+        # A sharded optimizer (mpi_sgd.zero) gathers its shards into the unsharded format: a collective.
+        full_state = getattr(self.optimizer, "full_state_dict", None)
+        model_state, optimizer_state = (
+            full_state() if full_state else (self.model.state_dict(), self.optimizer.state_dict())
+        )
         if self.comm.is_root:
             state = {
-                "model": self.model.state_dict(),
-                "optimizer": self.optimizer.state_dict(),
+                "model": model_state,
+                "optimizer": optimizer_state,
                 "epoch": self.epoch,
                 "step_in_epoch": self.step_in_epoch,
                 "step": self.step,

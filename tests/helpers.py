@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 from mpi_sgd.launch import placement
@@ -66,3 +68,9 @@ def prints_usage_errors() -> bool:
     line is reported by rank 0 alone (``mpi_sgd.args``): other ranks exit 2 and print nothing.
     """
     return placement().rank == 0
+
+
+def standalone_env() -> dict[str, str]:
+    """This environment without the enclosing MPI job's variables: a script started from a test
+    then runs as a job of its own (rank 0 of 1), even under ``mpirun -n 2 pytest --with-mpi``."""
+    return {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "OMPI_", "PMIX_", "HYDRA_"))}

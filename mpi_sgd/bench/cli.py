@@ -10,7 +10,7 @@ import argparse
 from ..args import nbytes, positive_int
 from ..comm import TORCH_BACKENDS
 from ..report import add_output_arguments
-from . import grid, sgd, validate, workers
+from . import asyncsgd, grid, sgd, validate, workers, zero
 from .allreduce import IMPLS
 
 
@@ -75,3 +75,5 @@ def add_parser(subparsers) -> None:
     workers.add_parser(kinds)
     sgd.add_parser(kinds)
     validate.add_parser(kinds)
+    asyncsgd.add_parser(kinds)
+    zero.add_parser(kinds)

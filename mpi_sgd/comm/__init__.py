@@ -4,7 +4,17 @@ from __future__ import annotations
 
 import os
 
-from .base import OPS, CollectiveMismatchError, CommError, Communicator, Request, split_counts
+from .base import (
+    ANY_SOURCE,
+    ANY_TAG,
+    OPS,
+    CollectiveMismatchError,
+    CommError,
+    Communicator,
+    Request,
+    Status,
+    split_counts,
+)
 
 TORCH_BACKENDS = ("gloo", "mpi", "nccl")  # torch.distributed's, behind TorchDistComm
 BACKENDS = ("mpi4py", "local", *TORCH_BACKENDS)  # every name init() accepts
@@ -32,7 +42,7 @@ def init(
     watchdog), names the missing ranks and aborts (``stall_abort``: see the watchdog). With
     ``MPI_SGD_FAULT`` set, a :class:`~mpi_sgd.comm.faults.FaultComm` goes around it all.
     """
-    from ..launch import env_flag, env_seconds, install_abort_hook
+    from ..launch import check_world, env_flag, env_seconds, install_abort_hook
 
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
@@ -44,6 +54,7 @@ def init(
         from .mpi import MPIComm
 
         comm = MPIComm()
+        check_world(comm.size)  # srun without PMI: N singletons that would each train alone
         if backend != "mpi4py":
             from .torch_dist import TorchDistComm
 
@@ -68,6 +79,8 @@ def init(
 
 
 __all__ = [
+    "ANY_SOURCE",
+    "ANY_TAG",
     "BACKENDS",
     "TORCH_BACKENDS",
     "OPS",
@@ -75,6 +88,7 @@ __all__ = [
     "CommError",
     "Communicator",
     "Request",
+    "Status",
     "init",
     "split_counts",
 ]

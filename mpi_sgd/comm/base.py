@@ -22,15 +22,28 @@ Buffer conventions (the same on every backend):
   rank); ``scatter`` sends slot ``i`` of the root's ``sendbuf`` to rank ``i``.
 * ``reduce_scatter`` reduces ``sendbuf`` (length ``sum(counts)``, flattened) across ranks and
   leaves segment ``rank`` in ``recvbuf``; ``counts`` defaults to an equal split.
+* ``iallreduce``, ``ireduce_scatter`` and ``iallgather`` start the same operations and return a
+  :class:`Request`; the buffers must not be touched until it completes.
 """
 
 from __future__ import annotations
 
 import abc
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 OPS = ("sum", "avg", "min", "max", "prod")
+# Wildcards for probe/iprobe: a message from any rank, with any tag (MPI_ANY_SOURCE, MPI_ANY_TAG).
+ANY_SOURCE = -1
+ANY_TAG = -1
+
+
+class Status(NamedTuple):
+    """What a probe found: who sent it, its tag, and how many elements of the asked dtype it holds."""
+
+    source: int
+    tag: int
+    count: int
 
 
 class CommError(RuntimeError):
@@ -66,6 +79,20 @@ def split_counts(n: int, parts: int) -> list[int]:
     """
     base, extra = divmod(n, parts)
     return [base + (1 if i < extra else 0) for i in range(parts)]
+
+
+def element_count(nbytes: int, dtype) -> int:
+    """How many elements of ``dtype`` (torch, numpy, or None for bytes) ``nbytes`` bytes hold."""
+    if dtype is None:
+        return nbytes
+    itemsize = getattr(dtype, "itemsize", None)  # a torch.dtype or numpy.dtype instance
+    if not isinstance(itemsize, int):  # a numpy scalar type (np.float32) or a name ("float32")
+        import numpy
+
+        itemsize = numpy.dtype(dtype).itemsize
+    if nbytes % itemsize:
+        raise CommError(f"a message of {nbytes} bytes is not a whole number of {dtype} ({itemsize} bytes each)")
+    return nbytes // itemsize
 
 
 def displacements(counts: Sequence[int]) -> list[int]:
@@ -150,6 +177,20 @@ class Communicator(abc.ABC):
     @abc.abstractmethod
     def irecv(self, buf, source: int, tag: int = 0) -> Request: ...
 
+    def iprobe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG, dtype=None) -> Status | None:
+        """The next message that a receive from ``source`` with ``tag`` would match, or None.
+
+        Nothing is received: the message stays queued for a ``recv`` from ``Status.source``.
+        ``Status.count`` is in elements of ``dtype`` (a torch or numpy dtype; bytes if None).
+        Only point-to-point backends over MPI (and the size-1 one) have this; with it a rank can
+        serve whoever speaks first, as a parameter server does.
+        """
+        raise CommError(f"the {self.backend} backend has no probe; serving messages from any source needs mpi4py")
+
+    def probe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG, dtype=None) -> Status:
+        """:meth:`iprobe` that waits until such a message is there."""
+        raise CommError(f"the {self.backend} backend has no probe; serving messages from any source needs mpi4py")
+
     # -- collectives ----------------------------------------------------------------------
     @abc.abstractmethod
     def allreduce(self, buf, op: str = "sum"): ...
@@ -174,6 +215,16 @@ class Communicator(abc.ABC):
 
     @abc.abstractmethod
     def reduce_scatter(self, sendbuf, recvbuf, counts: Sequence[int] | None = None, op: str = "sum"): ...
+
+    # Non-blocking forms of reduce_scatter and allgather, for overlapping them with computation
+    # (sharded data parallel). A backend without them runs the blocking call: correct, no overlap.
+    def ireduce_scatter(self, sendbuf, recvbuf, counts: Sequence[int] | None = None, op: str = "sum") -> Request:
+        self.reduce_scatter(sendbuf, recvbuf, counts, op)
+        return Request.completed()
+
+    def iallgather(self, sendbuf, recvbuf) -> Request:
+        self.allgather(sendbuf, recvbuf)
+        return Request.completed()
 
     @abc.abstractmethod
     def barrier(self) -> None: ...

@@ -62,3 +62,11 @@ class CheckedComm(CommWrapper):
     def reduce_scatter(self, sendbuf, recvbuf, counts=None, op="sum"):
         self._agree("reduce_scatter", (signature(sendbuf), None if counts is None else tuple(counts), op))
         return self.inner.reduce_scatter(sendbuf, recvbuf, counts, op)
+
+    def ireduce_scatter(self, sendbuf, recvbuf, counts=None, op="sum"):
+        self._agree("ireduce_scatter", (signature(sendbuf), None if counts is None else tuple(counts), op))
+        return self.inner.ireduce_scatter(sendbuf, recvbuf, counts, op)
+
+    def iallgather(self, sendbuf, recvbuf):
+        self._agree("iallgather", (signature(sendbuf), signature(recvbuf)))
+        return self.inner.iallgather(sendbuf, recvbuf)

@@ -8,9 +8,21 @@ Messages a rank sends to itself are buffered, as an MPI eager send to self would
 
 from __future__ import annotations
 
+import itertools
 from collections import defaultdict, deque
 
-from .base import CommError, Communicator, Request, check_avg, check_op, split_counts
+from .base import (
+    ANY_SOURCE,
+    ANY_TAG,
+    CommError,
+    Communicator,
+    Request,
+    Status,
+    check_avg,
+    check_op,
+    element_count,
+    split_counts,
+)
 
 
 def _check_rank(peer: int, what: str) -> None:
@@ -27,19 +39,20 @@ class Loopback:
     """
 
     def __init__(self):
-        self._mailbox: dict[int, deque] = defaultdict(deque)  # tag -> sent copies
+        self._mailbox: dict[int, deque] = defaultdict(deque)  # tag -> (send order, sent copy)
         self._waiting: dict[int, deque] = defaultdict(deque)  # tag -> posted receives
+        self._order = itertools.count()  # so a probe for any tag finds the oldest message
 
     def isend(self, buf, tag: int) -> Request:
         if self._waiting[tag]:
             self._waiting[tag].popleft()[...] = buf
         else:
-            self._mailbox[tag].append(buf.clone() if hasattr(buf, "clone") else buf.copy())
+            self._mailbox[tag].append((next(self._order), buf.clone() if hasattr(buf, "clone") else buf.copy()))
         return Request.completed()
 
     def irecv(self, buf, tag: int) -> Request:
         if self._mailbox[tag]:
-            buf[...] = self._mailbox[tag].popleft()
+            buf[...] = self._mailbox[tag].popleft()[1]
             return Request.completed()
         self._waiting[tag].append(buf)
 
@@ -51,6 +64,14 @@ class Loopback:
                 raise CommError(f"receive from self (tag {tag}) has no matching send: it would wait forever")
 
         return Request(None, wait, lambda h: not pending(h))
+
+    def iprobe(self, tag: int, dtype) -> Status | None:
+        """The oldest message to self that a receive with ``tag`` (or any tag) would match."""
+        heads = [(q[0][0], t, q[0][1]) for t, q in self._mailbox.items() if q and tag in (ANY_TAG, t)]
+        if not heads:
+            return None
+        _, found, buf = min(heads, key=lambda head: head[0])
+        return Status(0, found, element_count(buf.nbytes, dtype))
 
 
 class LocalComm(Communicator):
@@ -71,6 +92,17 @@ class LocalComm(Communicator):
 
     def send(self, buf, dest, tag=0):
         self.isend(buf, dest, tag)
+
+    def iprobe(self, source=ANY_SOURCE, tag=ANY_TAG, dtype=None):
+        if source != ANY_SOURCE:
+            _check_rank(source, "source")
+        return self._self.iprobe(tag, dtype)
+
+    def probe(self, source=ANY_SOURCE, tag=ANY_TAG, dtype=None):
+        status = self.iprobe(source, tag, dtype)
+        if status is None:  # one process: nobody else can ever send it
+            raise CommError(f"probe for a message to self (tag {tag}) with none queued: it would wait forever")
+        return status
 
     def recv(self, buf, source, tag=0):
         self.irecv(buf, source, tag).wait()

@@ -15,7 +15,17 @@ from collections.abc import Sequence
 import torch
 from mpi4py import MPI
 
-from .base import Communicator, Request, check_avg, check_op, split_counts
+from .base import (
+    ANY_SOURCE,
+    ANY_TAG,
+    Communicator,
+    Request,
+    Status,
+    check_avg,
+    check_op,
+    element_count,
+    split_counts,
+)
 from .buffers import as_array
 
 _MPI_OPS = {"sum": MPI.SUM, "avg": MPI.SUM, "min": MPI.MIN, "max": MPI.MAX, "prod": MPI.PROD}
@@ -62,6 +72,11 @@ def _mpi_op(op: str):
         raise
 
 
+def _wildcard(value: int, mpi_value: int) -> int:
+    # The seam's ANY_SOURCE/ANY_TAG are -1 everywhere; MPI's own values differ between libraries.
+    return mpi_value if value == ANY_SOURCE else value
+
+
 def _wait(handle) -> None:
     handle.Wait()
 
@@ -105,6 +120,17 @@ class MPIComm(Communicator):
 
     def irecv(self, buf, source, tag=0):
         return Request(self.comm.Irecv(_spec(buf), source, tag), _wait, _test, keep=buf)
+
+    def iprobe(self, source=ANY_SOURCE, tag=ANY_TAG, dtype=None):
+        status = MPI.Status()
+        if not self.comm.Iprobe(_wildcard(source, MPI.ANY_SOURCE), _wildcard(tag, MPI.ANY_TAG), status):
+            return None
+        return Status(status.Get_source(), status.Get_tag(), element_count(status.Get_count(MPI.BYTE), dtype))
+
+    def probe(self, source=ANY_SOURCE, tag=ANY_TAG, dtype=None):
+        status = MPI.Status()
+        self.comm.Probe(_wildcard(source, MPI.ANY_SOURCE), _wildcard(tag, MPI.ANY_TAG), status)
+        return Status(status.Get_source(), status.Get_tag(), element_count(status.Get_count(MPI.BYTE), dtype))
 
     # -- collectives ----------------------------------------------------------------------
     def allreduce(self, buf, op="sum"):
@@ -161,6 +187,20 @@ class MPIComm(Communicator):
         if op == "avg":
             recv /= self.size
         return recvbuf
+
+    def ireduce_scatter(self, sendbuf, recvbuf, counts: Sequence[int] | None = None, op="sum"):
+        send, recv = as_array(sendbuf).reshape(-1), as_array(recvbuf).reshape(-1)
+        counts = list(counts) if counts is not None else split_counts(send.size, self.size)
+        finish = None
+        if op == "avg":
+            check_avg(recv)
+            finish = lambda: recv.__itruediv__(self.size)  # noqa: E731
+        handle = self.comm.Ireduce_scatter(send, recv, counts, _mpi_op(op))
+        return Request(handle, _wait, _test, finish, keep=(sendbuf, recvbuf))
+
+    def iallgather(self, sendbuf, recvbuf):
+        handle = self.comm.Iallgather(_spec(sendbuf), _spec(recvbuf))
+        return Request(handle, _wait, _test, keep=(sendbuf, recvbuf))
 
     def barrier(self):
         self.comm.Barrier()

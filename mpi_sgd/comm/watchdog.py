@@ -43,7 +43,7 @@ import zlib
 from collections import deque
 from collections.abc import Callable
 
-from .base import Request
+from .base import ANY_SOURCE, ANY_TAG, Request
 from .monitor import Monitor
 from .stallreport import call_label
 from .wrapper import CommWrapper
@@ -133,7 +133,8 @@ class Watchdog(CommWrapper):
         return self._p2p(f"send to rank {dest} (tag {tag})", self.inner.send, buf, dest, tag)
 
     def recv(self, buf, source, tag=0):
-        return self._p2p(f"recv from rank {source} (tag {tag})", self.inner.recv, buf, source, tag)
+        who = "any rank" if source == ANY_SOURCE else f"rank {source}"
+        return self._p2p(f"recv from {who} (tag {tag})", self.inner.recv, buf, source, tag)
 
     def allreduce(self, buf, op="sum"):
         return self._blocking("allreduce", f"{_sig(buf)} {op}", self.inner.allreduce, buf, op)
@@ -159,6 +160,17 @@ class Watchdog(CommWrapper):
     def reduce_scatter(self, sendbuf, recvbuf, counts=None, op="sum"):
         sig = f"{_sig(sendbuf)} {op} counts {None if counts is None else tuple(counts)}"
         return self._blocking("reduce_scatter", sig, self.inner.reduce_scatter, sendbuf, recvbuf, counts, op)
+
+    def ireduce_scatter(self, sendbuf, recvbuf, counts=None, op="sum"):
+        sig = f"{_sig(sendbuf)} {op} counts {None if counts is None else tuple(counts)}"
+        return self._nonblocking("ireduce_scatter", sig, self.inner.ireduce_scatter, sendbuf, recvbuf, counts, op)
+
+    def iallgather(self, sendbuf, recvbuf):
+        return self._nonblocking("iallgather", _sig(sendbuf), self.inner.iallgather, sendbuf, recvbuf)
+
+    def probe(self, source=ANY_SOURCE, tag=ANY_TAG, dtype=None):
+        who = "any rank" if source == ANY_SOURCE else f"rank {source}"
+        return self._p2p(f"probe for a message from {who}", self.inner.probe, source, tag, dtype)
 
     def barrier(self):
         return self._blocking("barrier", "", self.inner.barrier)

@@ -30,7 +30,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from .base import Communicator, Request
+from .base import ANY_SOURCE, ANY_TAG, Communicator, Request, Status
 
 
 class CommWrapper(Communicator):
@@ -88,6 +88,12 @@ class CommWrapper(Communicator):
     def irecv(self, buf, source: int, tag: int = 0) -> Request:
         return self.inner.irecv(buf, source, tag)
 
+    def iprobe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG, dtype=None) -> Status | None:
+        return self.inner.iprobe(source, tag, dtype)
+
+    def probe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG, dtype=None) -> Status:
+        return self.inner.probe(source, tag, dtype)
+
     # -- collectives ----------------------------------------------------------------------
     def allreduce(self, buf, op: str = "sum"):
         return self.inner.allreduce(buf, op)
@@ -112,6 +118,12 @@ class CommWrapper(Communicator):
 
     def reduce_scatter(self, sendbuf, recvbuf, counts: Sequence[int] | None = None, op: str = "sum"):
         return self.inner.reduce_scatter(sendbuf, recvbuf, counts, op)
+
+    def ireduce_scatter(self, sendbuf, recvbuf, counts: Sequence[int] | None = None, op: str = "sum") -> Request:
+        return self.inner.ireduce_scatter(sendbuf, recvbuf, counts, op)
+
+    def iallgather(self, sendbuf, recvbuf) -> Request:
+        return self.inner.iallgather(sendbuf, recvbuf)
 
     def barrier(self) -> None:
         return self.inner.barrier()

@@ -8,7 +8,7 @@ import torch
 
 from mpi_sgd.collectives import ring_allreduce
 from mpi_sgd.comm import OPS, split_counts
-from tests.helpers import DTYPES, assert_close, rank_data, reference
+from tests.helpers import DTYPES, assert_close, rank_data, reference, tolerance
 
 pytestmark = pytest.mark.mpi
 
@@ -147,3 +147,31 @@ def test_objects(comm):
     gathered = comm.gather_obj(comm.rank * 10)
     assert gathered == ([r * 10 for r in range(comm.size)] if comm.is_root else None)
     comm.barrier()
+
+
+def check_segment(got, op, size, counts, rank, dtype):
+    """Segment ``rank`` of the reduction over all ranks, within the tolerance of tests/helpers.py."""
+    start, n = sum(counts[:rank]), sum(counts)
+    want = reference(op, size, n, dtype)[start : start + counts[rank]]
+    tol = np.broadcast_to(tolerance(op, size, n, dtype), (n,))[start : start + counts[rank]]
+    assert np.all(np.abs(got.numpy().astype(np.float64) - want) <= tol), (got, want)
+
+
+@pytest.mark.parametrize("dtype", ("float64", "int32"))
+def test_ireduce_scatter_and_iallgather(comm, dtype):
+    # Several of each in flight at once, waited on in reverse: what sharded data parallel does.
+    counts = [split_counts(n, comm.size) for n in (1, 7, 1001)]
+    outs = [torch.zeros(c[comm.rank], dtype=getattr(torch, dtype)) for c in counts]
+    slots = [torch.zeros(comm.size, n, dtype=getattr(torch, dtype)) for n in (1, 5)]
+    requests = [comm.ireduce_scatter(mine(comm, sum(c), dtype), o, c) for c, o in zip(counts, outs, strict=True)]
+    requests += [comm.iallgather(mine(comm, s.shape[1], dtype), s) for s in slots]
+    for r in reversed(requests):
+        r.wait()
+    for c, o in zip(counts, outs, strict=True):
+        check_segment(o, "sum", comm.size, c, comm.rank, dtype)
+    for s in slots:
+        np.testing.assert_array_equal(s.numpy(), np.stack([rank_data(r, s.shape[1], dtype) for r in range(comm.size)]))
+    if dtype == "float64":  # "avg" divides once the sum has arrived
+        avg = torch.zeros(counts[2][comm.rank], dtype=torch.float64)
+        comm.ireduce_scatter(mine(comm, 1001, dtype), avg, counts[2], "avg").wait()
+        check_segment(avg, "avg", comm.size, counts[2], comm.rank, dtype)

@@ -44,7 +44,7 @@ def test_verdicts_print_every_miss_and_judge_only_targeted_ranks():
             _row(512, 2, 1.05, 1.0, 1.8, 1.9), _row(512, 4, 1.0, 3.0, 3.0, 1.2)]  # fmt: skip
     accuracy, side, untargeted = validate.verdicts(rows)
     assert accuracy.startswith("MISSED") and "B=1 R=1 -33.3%" in accuracy and "R=4" not in accuracy
-    assert side.startswith("MISSED") and "wrong side: B=1 R=2" in side
+    assert side.startswith("MISSED") and "wrong side beyond the spread: B=1 R=2" in side
     assert untargeted.startswith("reported, not targeted: R = 4") and "-66.7%" in untargeted
 
 
@@ -76,3 +76,32 @@ def test_parser_errors_exit_2(capsys):
         assert e.value.code == 2
     err = capsys.readouterr().err
     assert ("--ranks must include 1 and 2" in err) if prints_usage_errors() else err == ""  # rank 0 speaks for all
+
+
+def _repeats(measured_r2: list[float], pred_r2: float = 2.5, batch: int = 1):
+    """Repeats of one configuration: 1 s alone, ``pred_r2`` predicted at R = 2, measured as given."""
+    return [[_row(batch, 1, 1.0, 1.0, 1, 1), _row(batch, 2, pred_r2, m, 2 / pred_r2, 2 / m)] for m in measured_r2]
+
+
+def test_summarize_gives_median_and_extremes_over_repeats():
+    (one, two) = validate.summarize(_repeats([2.0, 2.5, 3.0]))
+    assert two.measured == (2.0, 2.5, 3.0) and two.t_step == (2.5, 2.5, 2.5)
+    assert two.error == pytest.approx((2.5 / 3.0 - 1, 0.0, 2.5 / 2.0 - 1))  # extremes pair up
+    assert two.meas_speedup == pytest.approx((2 / 3.0, 0.8, 1.0)) and two.meas_pays is False
+    assert one.pred_pays is False and one.error == (0.0, 0.0, 0.0)
+
+
+def test_a_spread_that_straddles_a_line_is_inconclusive_not_a_verdict():
+    # measured speedup 2/1.8 = 1.11 in one repeat, 2/2.6 = 0.77 in another: which side is unknown
+    spreads = validate.summarize(_repeats([1.8, 2.6, 2.5]) + _repeats([0.5, 0.5, 0.5], pred_r2=0.5, batch=512))
+    accuracy, side = validate.verdicts(spreads)
+    assert accuracy.startswith("inconclusive") and "B=1 R=2" in accuracy
+    assert side.startswith("inconclusive") and "spread straddles 1: B=1 R=2" in side
+    assert "?" in validate.table(spreads) and "2500.00 (1800.00..2600.00)" in validate.table(spreads)
+
+
+def test_wrong_side_beyond_the_spread_is_a_miss():
+    # predicted 2.5 s at R = 2 (speedup 0.8) every time; measured 1.5-1.7 s (speedup > 1) every time
+    spreads = validate.summarize(_repeats([1.5, 1.6, 1.7]) + _repeats([0.5, 0.5, 0.5], pred_r2=0.5, batch=512))
+    side = validate.verdicts(spreads)[1]
+    assert side.startswith("MISSED") and "wrong side beyond the spread: B=1 R=2" in side

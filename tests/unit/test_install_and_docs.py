@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from mpi_sgd.bench.workers import default_workers
+from tests.helpers import standalone_env
 
 ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()
@@ -114,10 +115,10 @@ def test_license_is_an_spdx_string():
 
 def test_hostfiles_name_the_hosts_the_readme_uses():
     hosts = re.search(r"mpiexec -n 4 -hosts (\S+) python", README).group(1).split(",")
-    for name in ("example", "openmpi-example"):
+    for name in ("hydra", "openmpi"):
         lines = [ln for ln in (ROOT / "hostfiles" / name).read_text().splitlines() if ln and not ln.startswith("#")]
         assert [re.split(r"[: ]", ln)[0] for ln in lines] == hosts, name
-    assert f"# blocks: {hosts[0]}:2, {hosts[1]}:2" in README
+    assert f"blocks: 0,1 on {hosts[0]}; 2,3 on {hosts[1]}" in README
 
 
 def test_bench_workers_defaults_fit_the_cores():
@@ -126,7 +127,7 @@ def test_bench_workers_defaults_fit_the_cores():
 
 
 def test_speedup_writes_a_png_only_with_plot(tmp_path):
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "OMPI_", "PMIX_", "HYDRA_"))}
+    env = standalone_env()
     script = str(ROOT / "examples" / "speedup.py")
     done = subprocess.run([sys.executable, script, "--t-comp", "1", "--t-sync", "1"], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=120)  # fmt: skip

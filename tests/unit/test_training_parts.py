@@ -56,6 +56,7 @@ def test_dataset_smaller_than_RB_is_refused():
         ({"dataset": "mnist"}, "unknown dataset 'mnist'"),
         ({"grad_accum": 3, "batch_size": 8}, "--grad-accum must divide"),
         ({"bucket_mb": 0}, "--bucket-mb must be positive"),
+        ({"zero": 4}, "--zero must be 0, 1, 2 or 3"),
     ],
 )
 def test_bad_config_is_refused_with_a_clear_message(kw, message):

@@ -63,6 +63,7 @@ def every_call(comm) -> list[tuple]:
     """Each seam call once, with arguments a world of one accepts; returns what it should record."""
     x, slot = torch.arange(3.0), torch.zeros(1, 3)
     comm.send(x, 0, 5)
+    assert comm.iprobe(0, 5, None).tag == 5 and comm.probe(0, 5, None).source == 0
     comm.recv(x, 0, 5)
     pending = comm.irecv(x, 0, 6)
     comm.isend(x, 0, 6).wait()
@@ -75,15 +76,17 @@ def every_call(comm) -> list[tuple]:
     comm.allgather(x, slot)
     comm.scatter(slot, x, 0)
     comm.reduce_scatter(x, x, [3], "sum")
+    comm.ireduce_scatter(x, x, [3], "avg").wait()
+    comm.iallgather(x, slot).wait()
     comm.barrier()
     comm.where("forward", 3)
     assert comm.bcast_obj("o", 0) == "o" and comm.allgather_obj(1) == [1] and comm.gather_obj(2, 0) == [2]
     assert comm.wtime() > 0
     with pytest.raises(SystemExit):
         comm.abort(3)
-    names = ["send", "recv", "irecv", "isend", "allreduce", "iallreduce", "broadcast", "reduce", "gather",
-             "allgather", "scatter", "reduce_scatter", "barrier", "where", "bcast_obj", "allgather_obj",
-             "gather_obj", "wtime", "abort"]  # fmt: skip
+    names = ["send", "iprobe", "probe", "recv", "irecv", "isend", "allreduce", "iallreduce", "broadcast",
+             "reduce", "gather", "allgather", "scatter", "reduce_scatter", "ireduce_scatter", "iallgather",
+             "barrier", "where", "bcast_obj", "allgather_obj", "gather_obj", "wtime", "abort"]  # fmt: skip
     assert sorted(names) == SEAM  # the list above covers the whole seam
     return names
 
@@ -102,7 +105,7 @@ def test_calls_reach_the_inner_communicator_unchanged(wrap):
     wrapped = wrap(inner)
     names = every_call(wrapped)
     assert [c[0] for c in inner.calls] == names
-    assert inner.calls[4][2:] == ("max",) and inner.calls[7][2:] == ("sum", 0)  # arguments pass through
+    assert inner.calls[6][2:] == ("max",) and inner.calls[9][2:] == ("sum", 0)  # arguments pass through
     assert (wrapped.rank, wrapped.size, wrapped.local_rank, wrapped.local_size) == (0, 1, 0, 1)
     assert wrapped.backend == "local" and wrapped.is_root
     assert wrapped.device == "cpu"  # a backend's own attribute, looked up on the inner one
@@ -168,5 +171,5 @@ def test_checked_passes_agreeing_calls_through():
     checked = CheckedComm(inner)
     names = every_call(checked)
     checks = [c for c in inner.calls if c[0] == "allgather_obj" and c[1:] != (1,)]  # not every_call's own
-    assert len(checks) == 8  # one per collective with arguments to agree on
+    assert len(checks) == 10  # one per collective with arguments to agree on
     assert [c[0] for c in inner.calls if c not in checks] == names

@@ -1,0 +1,333 @@
+"""A server: owns one slice of the parameters and applies every push the moment it can.
+
+The loop asks MPI for the next message from any worker (``iprobe``), receives it into that
+worker's own buffer, and answers it; nothing waits for anyone else, and there is no barrier.
+Server 0 (the *lead*) also keeps the budget: it hands out exactly ``evaluations`` gradients in
+all and answers the pushes after that with STOP. Each server applies gradients to its slice with
+the update ``torch.optim.SGD`` makes, operation for operation, so with one worker the arithmetic is
+exactly plain SGD's.
+
+Failure handling, as this server sees it:
+
+* a worker that sends nothing for ``worker_timeout`` seconds while it owes a push is *lost*:
+  it is reported, its unapplied gradient (if any) is dropped and handed out again, and it no
+  longer counts for bounded staleness. A lost worker that speaks again is told STOP.
+* a worker kept waiting (by bounded staleness, or stopped until every other worker is) gets a
+  HOLD every ``heartbeat`` seconds, so it can tell a busy server from a dead one.
+* a message that cannot be right (from a non-worker, of the wrong length, a gradient with NaN
+  or infinity) raises :class:`~.protocol.ProtocolError`: garbage is not trained on.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections import Counter
+
+import torch
+
+from ..comm.buffers import zeros
+from .protocol import (
+    DONE,
+    FINAL,
+    FINAL_LOST,
+    HELLO,
+    HOLD,
+    NAMES,
+    PARAMS,
+    PUSH,
+    SHARD,
+    SNAPSHOT_VERSIONS,
+    SNAPSHOTS,
+    STATS,
+    STOP,
+    Backoff,
+    ProtocolError,
+    ServerLost,
+    in_flight,
+    wait_until,
+)
+from .staleness import Clock, staleness_lr
+
+NEW, COMPUTING, PENDING, FINISHED, LOST = "new", "computing", "pending", "finished", "lost"
+COLLECT = 7031  # server 0 -> other servers, after training: send me your results
+
+
+class _Peer:
+    """One worker as one server sees it."""
+
+    def __init__(self, rank: int, like: torch.Tensor, now: float):
+        self.rank, self.state, self.since, self.noted = rank, NEW, now, now
+        self.grad = zeros(like.numel(), like.dtype)  # its pushes land here
+        self.reply = zeros(like.numel(), like.dtype)  # a copy of the slice it is sent, stable while in flight
+        self.sending = None
+
+
+class Server:
+    def __init__(self, comm, params: torch.Tensor, cfg, index: int, bounds: list[slice]):
+        self.comm, self.cfg, self.index, self.bounds = comm, cfg, index, bounds
+        self.lead = index == 0
+        self.shard = params[bounds[index]].detach().clone()
+        self.velocity = None  # momentum buffer
+        self.clock = Clock(cfg.max_staleness if cfg.bounded else None)
+        self.t0 = time.monotonic()
+        self.peers = {r: _Peer(r, self.shard, self.t0) for r in range(cfg.servers, comm.size)}
+        self.empty = torch.empty(0, dtype=self.shard.dtype)
+        self.granted = 0  # lead only: gradients handed out so far
+        self.staleness: Counter = Counter()
+        self.applied_by: Counter = Counter()
+        self.lost: dict[int, str] = {}
+        self.snapshots: list[tuple[int, float, torch.Tensor]] = []
+        self.notes: list = []  # HOLD messages in flight
+        self.collect = False  # server 0 asked for the results (other servers)
+        self.seconds = 0.0
+
+    # -- the loop -------------------------------------------------------------------------------
+    def run(self) -> None:
+        cfg = self.cfg
+        self.t0 = last_watch = time.monotonic()
+        for peer in self.peers.values():
+            peer.since = peer.noted = self.t0
+        if cfg.snapshot_every:
+            self._snapshot()
+        backoff = Backoff()
+        while any(p.state in (NEW, COMPUTING, PENDING) for p in self.peers.values()):
+            status = self.comm.iprobe(dtype=self.shard.dtype)
+            now = time.monotonic()
+            if now - last_watch > min(0.05, cfg.heartbeat / 4):
+                self._watch(now)
+                last_watch = now
+            if status is None:
+                backoff.pause()
+                continue
+            backoff.reset()
+            self._handle(status)
+        self.seconds = time.monotonic() - self.t0
+        self._finish()
+
+    def _handle(self, status) -> None:
+        peer = self.peers.get(status.source)
+        if peer is None:
+            if status.tag == COLLECT and not self.lead:
+                self._recv(status.source, self.empty, COLLECT, self.cfg.server_timeout)
+                self.collect = True
+                return
+            raise ProtocolError(f"server rank {self.comm.rank}: {NAMES.get(status.tag, status.tag)} from rank "
+                                f"{status.source}, which is not a worker")  # fmt: skip
+        if status.tag == PUSH:
+            self._push(peer, status.count)
+        elif status.tag in (HELLO, DONE):
+            self._recv(peer.rank, self.empty, status.tag, self.cfg.worker_timeout)
+            if status.tag == HELLO:
+                self._hello(peer)
+            else:
+                self._done(peer)
+        else:
+            raise ProtocolError(f"server rank {self.comm.rank}: unknown tag {status.tag} from rank {peer.rank}")
+
+    def _hello(self, peer: _Peer) -> None:
+        if peer.state == LOST:
+            return self._revived(peer)
+        self._expect(peer, NEW, "HELLO")
+        self._reply(peer)
+
+    def _push(self, peer: _Peer, count: int) -> None:
+        if count != self.shard.numel():
+            raise ProtocolError(f"rank {peer.rank} pushed {count} values to server rank {self.comm.rank}, which "
+                                f"owns {self.shard.numel()}: the ranks disagree on the model")  # fmt: skip
+        if not self._recv(peer.rank, peer.grad, PUSH, self.cfg.worker_timeout):
+            return self._lose(peer, f"its push stopped arriving for {self.cfg.worker_timeout:g} s")
+        if peer.state == LOST:
+            return self._revived(peer)
+        self._expect(peer, COMPUTING, "a gradient")
+        bad = (~torch.isfinite(peer.grad)).sum().item()
+        if bad:
+            raise ProtocolError(f"rank {peer.rank} pushed a gradient with {bad} NaN or infinite values: not "
+                                "applied. Training diverged? Try a lower --lr")  # fmt: skip
+        peer.state = PENDING
+        peer.noted = time.monotonic()
+        self._apply_ready()
+
+    def _done(self, peer: _Peer) -> None:
+        if peer.state == LOST:
+            return
+        self._expect(peer, COMPUTING, "DONE")
+        self._retire(peer, FINISHED)
+
+    def _expect(self, peer: _Peer, state: str, what: str) -> None:
+        if peer.state != state:
+            raise ProtocolError(f"server rank {self.comm.rank}: {what} from rank {peer.rank}, which is {peer.state}")
+
+    # -- applying -------------------------------------------------------------------------------
+    def _apply_ready(self) -> None:
+        """Apply held pushes, oldest first, for as long as the staleness bound allows."""
+        while True:
+            pending = sorted(
+                (self.clock.outstanding[p.rank], p.rank) for p in self.peers.values() if p.state == PENDING
+            )
+            continues = not self.lead or self.granted < self.cfg.evaluations
+            rank = next((r for _, r in pending if self.clock.may_apply(r, continues)), None)
+            if rank is None:
+                return
+            self._apply(self.peers[rank])
+
+    def _apply(self, peer: _Peer) -> None:
+        tau = self.clock.apply(peer.rank)
+        self._step(peer.grad, staleness_lr(self.cfg.lr, tau, self.cfg.lr_by_staleness))
+        self.staleness[tau] += 1
+        self.applied_by[peer.rank] += 1
+        if self.cfg.snapshot_every and self.clock.version % self.cfg.snapshot_every == 0:
+            self._snapshot()
+        self._reply(peer)
+
+    def _step(self, grad: torch.Tensor, lr: float) -> None:
+        """SGD with momentum exactly as ``torch.optim.SGD`` does it (no dampening, no Nesterov).
+
+        Written out rather than borrowed: constructing a torch optimizer imports ``torch._dynamo``,
+        seconds of start-up on a loaded machine, for four lines of arithmetic.
+        """
+        if self.cfg.momentum:
+            if self.velocity is None:
+                self.velocity = grad.clone()
+            else:
+                self.velocity.mul_(self.cfg.momentum).add_(grad)
+            grad = self.velocity
+        self.shard.add_(grad, alpha=-lr)
+
+    def _reply(self, peer: _Peer) -> None:
+        """Send ``peer`` the current slice: PARAMS to compute on, or STOP when the budget is spent."""
+        tag = PARAMS
+        if self.lead:
+            if self.granted < self.cfg.evaluations:
+                self.granted += 1
+            else:
+                tag = STOP
+        if tag == PARAMS:
+            self.clock.hand_out(peer.rank)
+            peer.state = COMPUTING
+        else:
+            peer.state = FINISHED
+        self._send(peer, tag, self.shard)
+
+    def _send(self, peer: _Peer, tag: int, data: torch.Tensor | None) -> None:
+        # The worker spoke after receiving our last message, so that send has completed and this
+        # returns at once; only a worker that died with it half-received makes it time out.
+        if peer.sending is not None and not wait_until(peer.sending, time.monotonic() + self.cfg.worker_timeout):
+            return self._lose(peer, "it stopped taking our messages")
+        buf = self.empty
+        if data is not None:
+            peer.reply.copy_(data)
+            buf = peer.reply
+        peer.sending = self._post(buf, peer.rank, tag)
+        if peer.sending is None:
+            return self._lose(peer, "sending to it failed")
+        peer.since = peer.noted = time.monotonic()
+
+    def _post(self, buf, rank: int, tag: int):
+        """``isend``, or None where MPI reports the peer's death (mpi4py raises it as a RuntimeError)."""
+        try:
+            return self.comm.isend(buf, rank, tag)
+        except RuntimeError:
+            return None
+
+    # -- failures -------------------------------------------------------------------------------
+    def _watch(self, now: float) -> None:
+        for peer in self.peers.values():
+            if peer.state in (NEW, COMPUTING) and now - peer.since > self.cfg.worker_timeout:
+                self._lose(
+                    peer, f"sent nothing for {now - peer.since:.1f} s (--worker-timeout {self.cfg.worker_timeout:g})"
+                )
+            elif peer.state in (PENDING, FINISHED) and now - peer.noted >= self.cfg.heartbeat:
+                # kept waiting: for the staleness bound, or (stopped) for the others to finish
+                self.notes.append(self._post(self.empty, peer.rank, HOLD))
+                peer.noted = now
+        self.notes = [r for r in self.notes if r is not None and in_flight(r)]
+
+    def _lose(self, peer: _Peer, why: str) -> None:
+        self.lost[peer.rank] = why
+        print(f"server rank {self.comm.rank}: lost worker rank {peer.rank}: {why}; carrying on with "
+              f"{sum(p.state not in (LOST, FINISHED) for p in self.peers.values()) - 1} worker(s)",
+              file=sys.stderr, flush=True)  # fmt: skip
+        self._retire(peer, LOST)
+
+    def _retire(self, peer: _Peer, state: str) -> None:
+        if self.lead and peer.state in (COMPUTING, PENDING):
+            self.granted -= 1  # its gradient was never applied: someone else computes it
+        peer.state = state
+        self.clock.retire(peer.rank)
+        self._apply_ready()  # it may have been the one others waited for
+
+    def _revived(self, peer: _Peer) -> None:
+        """A worker given up for lost speaks again: tell it to stop; it is no longer counted on."""
+        print(f"server rank {self.comm.rank}: worker rank {peer.rank}, given up for lost, spoke again: stopped",
+              file=sys.stderr, flush=True)  # fmt: skip
+        self.lost.pop(peer.rank, None)
+        peer.state = FINISHED
+        self._send(peer, STOP, self.shard)
+
+    # -- the end --------------------------------------------------------------------------------
+    def _snapshot(self) -> None:
+        self.snapshots.append((self.clock.version, time.monotonic() - self.t0, self.shard.clone()))
+
+    def _finish(self) -> None:
+        """Send every worker still there the final parameters; the other servers report to server 0."""
+        cfg = self.cfg
+        finished = [p for p in self.peers.values() if p.state == FINISHED]
+        for peer in finished:
+            self._send(peer, FINAL_LOST if self.lost else FINAL, self.shard)
+        deadline = time.monotonic() + cfg.server_timeout
+        for peer in finished:
+            if peer.state == FINISHED and not wait_until(peer.sending, deadline):
+                self._lose(peer, "it did not take the final parameters")
+        if self.cfg.snapshot_every and self.snapshots[-1][0] != self.clock.version:
+            self._snapshot()
+        if not self.lead:
+            self._report()
+
+    def _report(self) -> None:
+        """Another server's results, sent to server 0 when it asks (it may still be serving)."""
+        deadline = time.monotonic() + self.cfg.worker_timeout + self.cfg.server_timeout
+        while not self.collect:
+            status = self.comm.iprobe(0, COLLECT)
+            if status is not None:
+                self._recv(0, self.empty, COLLECT, self.cfg.server_timeout)
+                self.collect = True
+            elif time.monotonic() > deadline:
+                raise ServerLost(f"server rank {self.comm.rank}: server rank 0 never asked for the results")
+            else:
+                time.sleep(1e-3)
+        counts = [self.staleness.get(t, 0) for t in range(max(self.staleness, default=-1) + 1)]
+        stats = torch.tensor([self.clock.version, *counts], dtype=torch.int64)
+        versions = torch.tensor([v for v, _, _ in self.snapshots], dtype=torch.int64)
+        kept = torch.stack([s for _, _, s in self.snapshots]).reshape(-1) if self.snapshots else self.empty
+        sends = [self.comm.isend(buf, 0, tag) for buf, tag in
+                 ((self.shard, SHARD), (stats, STATS), (versions, SNAPSHOT_VERSIONS), (kept, SNAPSHOTS))]  # fmt: skip
+        deadline = time.monotonic() + self.cfg.server_timeout
+        if not all(wait_until(s, deadline) for s in sends):
+            raise ServerLost(f"server rank {self.comm.rank}: server rank 0 did not take the results")
+
+    def collect_from(self, server: int) -> dict:
+        """(server 0) Ask another server for its results and receive them."""
+        self.notes.append(self._post(self.empty, server, COLLECT))
+        wait = self.cfg.worker_timeout + 2 * self.cfg.server_timeout  # it may still be serving
+        out = {}
+        for tag, dtype in ((SHARD, self.shard.dtype), (STATS, torch.int64), (SNAPSHOT_VERSIONS, torch.int64),
+                           (SNAPSHOTS, self.shard.dtype)):  # fmt: skip
+            status = self._await(server, tag, dtype, wait)
+            buf = torch.empty(status.count, dtype=dtype)
+            if not self._recv(server, buf, tag, self.cfg.server_timeout):
+                raise ServerLost(f"server rank {server} stopped sending its results")
+            out[tag] = buf
+        return out
+
+    def _await(self, source: int, tag: int, dtype, seconds: float):
+        deadline, backoff = time.monotonic() + seconds, Backoff()
+        while (status := self.comm.iprobe(source, tag, dtype)) is None:
+            if time.monotonic() > deadline:
+                raise ServerLost(f"server rank {source} sent no {NAMES[tag]} within {seconds:g} s: it is gone")
+            backoff.pause()
+        return status
+
+    def _recv(self, source: int, buf, tag: int, seconds: float) -> bool:
+        """Receive a message a probe has seen; False if it stops arriving (its sender died mid-way)."""
+        return wait_until(self.comm.irecv(buf, source, tag), time.monotonic() + seconds)

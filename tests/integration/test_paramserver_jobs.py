@@ -1,0 +1,81 @@
+"""The parameter server as users launch it: the example, a clean end, a worker and a server dying.
+
+The fault drills need hydra's ``-disable-auto-cleanup`` (MPICH's mpiexec): without it hydra ends
+the whole job as soon as any rank exits early, and there is nothing left to survive.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import time
+
+import pytest
+
+from mpi_sgd.launch import mpiexec_command
+
+from .conftest import EXAMPLES, ROOT, run_mpi
+
+
+def test_example_trains_and_compares_with_sync():
+    out = run_mpi(3, str(EXAMPLES / "09_parameter_server.py"), "--epochs", "2").stdout
+    m = re.search(r"synchronous: +3 ranks x (\d+) steps = (\d+) gradients", out)
+    assert m and int(m.group(2)) == 3 * int(m.group(1)), out
+    evaluations = int(m.group(2))
+    assert re.search(rf"1 server\(s\) \+ 2 worker\(s\), {evaluations} gradients in", out), out
+    counts = [int(n) for n in re.findall(r"tau +\d+: +(\d+)", out)]
+    assert sum(counts) == evaluations, out  # every gradient applied once, and only once
+    losses = re.search(r"final loss: asynchronous ([\d.]+) vs synchronous ([\d.]+)", out)
+    assert losses and float(losses.group(1)) < 2.3 and float(losses.group(2)) < 2.3, out  # ln 10 = 2.30: learned
+
+
+def test_example_needs_a_server_and_a_worker():
+    proc = run_mpi(1, str(EXAMPLES / "09_parameter_server.py"), check=False, timeout=60)
+    assert proc.returncode == 2 and "needs at least 2 ranks" in proc.stderr
+
+
+def hydra() -> list[str]:
+    cmd, _ = mpiexec_command(1)
+    version = subprocess.run([*cmd[: cmd.index("-n")], "--version"], capture_output=True, text=True)
+    if "HYDRA" not in version.stdout:
+        pytest.skip("fault drills need hydra's -disable-auto-cleanup (MPICH's mpiexec)")
+    return cmd[: cmd.index("-n")]
+
+
+def drill(n: int, *args: str, timeout: float = 120) -> tuple[int, list[tuple[float, str]], float]:
+    """Run ``python -m mpi_sgd.paramserver args`` on ``n`` ranks that may outlive one another; return
+    the exit status, every output line with the seconds since the start, and when the job ended."""
+    launcher = hydra()
+    cmd, env = mpiexec_command(n, "-m", "mpi_sgd.paramserver", *args)
+    cmd = [*launcher, "-disable-auto-cleanup", *cmd[len(launcher) :]]
+    env = {**env, "MPIEXEC_TIMEOUT": str(int(timeout)), "PYTHONUNBUFFERED": "1"}
+    start, lines = time.monotonic(), []
+    with subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as p:
+        for line in p.stdout:
+            lines.append((time.monotonic() - start, line.rstrip()))
+        rc = p.wait(timeout)
+    return rc, lines, time.monotonic() - start
+
+
+def test_a_dead_worker_is_reported_and_training_finishes_without_it():
+    # Rank 3 exits at its 12th send: after 2 hellos, 4 steps' pushes to both servers and its 5th
+    # push to server 0, before the one to server 1, so the two servers lose it at different points.
+    rc, lines, _ = drill(4, "--servers", "2", "--evaluations", "200", "--exit-rank", "3", "--exit-after", "12",
+                      "--worker-timeout", "1.5")  # fmt: skip
+    out = "\n".join(text for _, text in lines)
+    for server in (0, 1):
+        assert f"server rank {server}: lost worker rank 3" in out, out
+    assert "200 gradients applied" in out and "lost: rank 3" in out, out
+    # Server 0 applied 4 or 5 pushes of rank 3 (the 5th dies in flight if MPI had not copied it out
+    # yet: then server 0 sees it start and never finish); rank 2 did all the rest.
+    assert re.search(r"per worker \{2: 19[56], 3: [45]\}", out), out
+    assert rc == 1, out  # hydra reports the dead rank's exit status; the others ended cleanly
+
+
+def test_a_dead_server_ends_the_job_within_ten_seconds():
+    # Defaults (server timeout 5 s): the workers hear nothing, say which server is gone, abort.
+    rc, lines, ended = drill(3, "--evaluations", "100000", "--exit-rank", "0", "--exit-after", "30")
+    out = "\n".join(text for _, text in lines)
+    died = next(t for t, text in lines if "rank 0: exiting now" in text)
+    assert "no word from server rank 0 for 5 s" in out and "ending the job" in out, out
+    assert rc != 0 and ended - died < 10, out
