@@ -31,6 +31,7 @@ import torch
 from .. import gradsync
 from ..args import positive_floats
 from ..comm.buffers import zeros
+from ..comm.watchdog import without_watchdog
 from ..models import BENCHMARK_MLP, build_model
 from ..report import add_output_arguments, markdown_table, new_figure, save_results
 from ..timing import WARMUP_STEPS, time_interleaved
@@ -52,12 +53,6 @@ def _step_fn(model, optimizer, sync, x, y, record, blocked: bool):
         record.append((s.seconds, s.t_sync if blocked else float("nan")))
 
     return step
-
-
-def _without_watchdog(comm):
-    from ..comm.watchdog import Watchdog
-
-    return comm.inner if isinstance(comm, Watchdog) else comm
 
 
 def watchdog_costs(rows) -> list[str]:
@@ -119,7 +114,7 @@ def bench_model(comm, name: str, args, ddp_group=None) -> list[dict]:
         if variant in gradsync.STRATEGIES:
             sync = gradsync.make(variant, model, comm, mb if mb is not None else args.bucket_mb[0])
         elif variant == NO_WATCHDOG:
-            sync = gradsync.make("bucketed", model, _without_watchdog(comm), mb)
+            sync = gradsync.make("bucketed", model, without_watchdog(comm), mb)
         else:  # local, or DDP, which averages inside backward on its own
             if variant == "ddp-gloo":
                 model = DistributedDataParallel(model, process_group=ddp_group)
