@@ -62,6 +62,7 @@ class Monitor:
         self._theirs: dict[int, tuple] = {}  # rank 0: the newest (seq, crc) of each rank
         self._sends: list = []
         self._sent_check = None
+        self._mismatch_reported = False
         self._stop = threading.Event()
         self.thread = threading.Thread(target=self._run, name="mpi_sgd-watchdog", daemon=True)
 
@@ -166,6 +167,8 @@ class Monitor:
                 self._sent_check = self.wd.checks[-1][0]
                 self._send(0, CHECK, list(self.wd.checks[-1]))
             return
+        if self._mismatch_reported:
+            return  # once is enough: the abort that follows ends the job
         mine = dict(self.wd.checks)
         for r, (seq, crc) in list(self._theirs.items()):
             if seq in mine or not self.wd.checks or seq < self.wd.checks[0][0]:
@@ -185,6 +188,7 @@ class Monitor:
             else:
                 text += f": rank 0 made {self.wd.seq} collective calls, rank {rank} {theirs['seq']}"
         self.wd.report(text)
+        self._mismatch_reported = True
         self._abort()
 
     def _abort(self) -> None:

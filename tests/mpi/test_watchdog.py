@@ -1,6 +1,7 @@
 """The watchdog in a real job, around mpi4py and around torch's gloo: a rank that arrives late to
 an all-reduce is named as missing, with where it said it was and every rank's stack, by the
-rank(s) waiting for it; and a job with no stall reports nothing. Report-only (``abort_after=0``)
+rank(s) waiting for it; a job with no stall reports nothing; and a call made with other arguments
+on one rank is named by rank 0 while the job runs. Report-only (``abort_after=0``)
 so the job goes on; the messages are kept, not printed."""
 
 from __future__ import annotations
@@ -11,7 +12,8 @@ import time
 import pytest
 import torch
 
-from mpi_sgd.comm.watchdog import Watchdog
+from mpi_sgd.comm.watchdog import CHECK_EVERY, Watchdog
+from mpi_sgd.comm.wrapper import CommWrapper
 
 
 @pytest.mark.parametrize("comm", ["world", "gloo"], indirect=True)
@@ -63,3 +65,43 @@ def test_no_stall_no_report(comm):
         wd.close()
     assert comm.allgather_obj(reports) == [[]] * comm.size
     assert wd.seq == 40
+
+
+class KeepAbort(CommWrapper):
+    """Notes an abort instead of ending the job, so the test can read what came before it."""
+
+    def __init__(self, inner):
+        super().__init__(inner)
+        self.aborted: list[int] = []
+
+    def abort(self, code=1):
+        self.aborted.append(code)
+
+
+@pytest.mark.parametrize("comm", ["world"], indirect=True)
+def test_a_call_with_other_arguments_is_caught_while_the_job_runs(comm):
+    # Rank 1's 6th all-reduce passes a (2, 2) tensor where the others pass (4,): the same four floats
+    # to MPI, which is content, but a different call to the program. The running CRC that rank 1
+    # sends to rank 0 every CHECK_EVERY calls must differ from rank 0's, and rank 0 must name the call.
+    reports: list[str] = []
+    keep = KeepAbort(comm)
+    wd = Watchdog(keep, timeout=30, poll=0.05, report=reports.append)
+    try:
+        for i in range(2 * CHECK_EVERY):
+            wd.allreduce(torch.ones((2, 2) if comm.rank == 1 and i == 5 else (4,)))
+        time.sleep(1.0)  # twenty polls: the check's messages and the history it asks for
+        wd.barrier()
+    finally:
+        wd.close()
+    if comm.size == 1:
+        assert reports == [] and keep.aborted == []
+        return
+    if comm.rank == 0:
+        assert reports == [
+            "mpi_sgd watchdog: ranks made different collective calls at call #6:\n"
+            "  rank 0: allreduce((4,) float32 sum), its allreduce (call #6)\n"
+            "  rank 1: allreduce((2, 2) float32 sum), its allreduce (call #6)"
+        ]
+        assert keep.aborted == [1]
+    else:
+        assert reports == [] and keep.aborted == []

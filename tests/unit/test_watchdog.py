@@ -161,3 +161,17 @@ def test_the_fault_matrix_judges_status_message_and_time():
     assert not judge(stall, 1, report, 990.0, 1005.0, 3).passed  # the fault never happened
     bad_arg = next(c for c in CASES if c.status == "2")
     assert not judge(bad_arg, 1, "error: --lr must be positive, got -1.0", 0.0, 5.0, 3).passed  # status 1, not 2
+
+
+@pytest.mark.parametrize("abort_after, expected", [(None, 5.0), (0, 0.0), (2, 5.0), (10, 10.0)])
+def test_stall_abort_is_never_before_the_report(abort_after, expected):
+    # None: abort when the stall is reported; 0: report only; otherwise at that wait, the timeout at the soonest
+    assert Watchdog(LocalComm(), timeout=5, abort_after=abort_after).abort_after == expected
+
+
+@pytest.mark.parametrize("flag", ["stall_timeout", "stall_abort"])
+def test_negative_stall_flags_are_refused(flag):
+    from mpi_sgd.config import TrainConfig
+
+    with pytest.raises(ValueError, match=f"--{flag.replace('_', '-')} must be 0 or more seconds"):
+        TrainConfig(**{flag: -1.0})
