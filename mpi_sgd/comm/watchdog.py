@@ -22,7 +22,8 @@ dtype, op, root) go into a running CRC on each rank; every ``CHECK_EVERY`` calls
 each thread sends its newest one to rank 0's thread, which compares it with its own at the same
 call number. A difference (ranks that passed different lengths to ``iallreduce``, say, which MPI
 does not notice) makes rank 0 fetch that rank's recent calls, print the first call that differed
-on each rank, and abort. Ranks that disagree and then deadlock are named by the stall report,
+on each rank, and abort; at exit every rank sends its final CRC, so a job too short for the
+periodic check still fails. Ranks that disagree and then deadlock are named by the stall report,
 which compares the call both made at the stalled sequence number. Debug mode
 (:class:`~mpi_sgd.comm.checked.CheckedComm`) still checks every call before it is made.
 
@@ -83,7 +84,7 @@ class Watchdog(CommWrapper):
         self.host, self.pid = socket.gethostname(), os.getpid()
         self.step, self.index, self.phase, self.phase_t = None, 0, "start-up", time.monotonic()
         self.seq, self.crc, self.blocked = 0, 0, None
-        self.calls: deque = deque(maxlen=4 * 1024)  # (seq, label, signature): what the mismatch check shows
+        self.calls: deque = deque(maxlen=4 * 1024)  # (seq, name, step, index, call): what a mismatch report shows
         self.checks: deque = deque(maxlen=256)  # (seq, crc after it)
         self.monitor = Monitor.start(self) if self.size > 1 else None
 
