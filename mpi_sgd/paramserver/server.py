@@ -16,6 +16,9 @@ Failure handling, as this server sees it:
   HOLD every ``heartbeat`` seconds, so it can tell a busy server from a dead one.
 * a message that cannot be right (from a non-worker, of the wrong length, a gradient with NaN
   or infinity) raises :class:`~.protocol.ProtocolError`: garbage is not trained on.
+
+One class a little over 300 lines, kept whole: its message handlers all read and change the same
+per-worker state, and split apart they would pass that state around instead.
 """
 
 from __future__ import annotations

@@ -73,9 +73,11 @@ def test_a_dead_worker_is_reported_and_training_finishes_without_it():
 
 
 def test_a_dead_server_ends_the_job_within_ten_seconds():
-    # Defaults (server timeout 5 s): the workers hear nothing, say which server is gone, abort.
+    # Defaults (server timeout 5 s): the workers hear nothing, say which server is gone, abort. A
+    # worker whose reply was cut off by the exit learns it sooner, from the message left unfinished.
     rc, lines, ended = drill(3, "--evaluations", "100000", "--exit-rank", "0", "--exit-after", "30")
     out = "\n".join(text for _, text in lines)
     died = next(t for t, text in lines if "rank 0: exiting now" in text)
-    assert "no word from server rank 0 for 5 s" in out and "ending the job" in out, out
+    named = "no word from server rank 0 for 5 s" in out or "server rank 0 stopped in the middle of a message" in out
+    assert named and "ending the job" in out, out
     assert rc != 0 and ended - died < 10, out
