@@ -136,6 +136,11 @@ bench: venv
 bench-sgd: venv
 	$(MPIEXEC) -n $(NP) $(BIN)/mpi-sgd bench sgd
 
+# Every way of breaking a two-rank training job, and how long the job took to end (also in make test).
+.PHONY: faults
+faults: venv
+	$(BIN)/mpi-sgd faults --script examples/sync_sgd.py
+
 # -- multi-host -------------------------------------------------------------------------------
 # Two hosts on this machine (root): network namespaces a and b joined by a veth pair, each with
 # sshd and keys made for this cluster (openssh-server is installed on demand). Runs the

@@ -48,7 +48,7 @@ try:
 except (ValueError, RuntimeError) as e:
     parser.fail(str(e))
 
-comm = mpicomm.init(cfg.backend)
+comm = mpicomm.init(cfg.backend, stall_timeout=cfg.stall_timeout, stall_abort=cfg.stall_abort)
 pin_threads(comm.local_size)  # ranks on one host share its cores instead of oversubscribing them
 train = train.to(dtype, device)
 val = val.to(dtype, device) if val is not None else None

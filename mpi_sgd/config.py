@@ -80,6 +80,15 @@ class TrainConfig:
     timeline: str | None = _flag(
         None, "write a Chrome trace of every rank's forward, backward, allreduce, optimizer here", str
     )
+    stall_timeout: float | None = _flag(
+        None,
+        "seconds a rank may wait in one collective before the job names the missing ranks, prints every rank's "
+        "stack and aborts (None: $MPI_SGD_STALL_TIMEOUT, else 60; 0: no watchdog)",
+        float,
+    )
+    stall_abort: float | None = _flag(
+        None, "abort once a rank has waited this long (None: at the stall timeout; 0: report only)", float
+    )
     progress: bool | None = _flag(
         None,
         "progress bar on the root rank: --progress always, --no-progress never; by default only on a terminal",
@@ -145,6 +154,10 @@ class TrainConfig:
             f"unknown --on-nonfinite {self.on_nonfinite!r}; choose one of {', '.join(NONFINITE)}",
         )
         check(self.max_steps >= 0, f"--max-steps must be 0 or more, got {self.max_steps}")
+        for name in ("stall_timeout", "stall_abort"):
+            value = getattr(self, name)
+            flag = "--" + name.replace("_", "-")
+            check(value is None or 0 <= value < float("inf"), f"{flag} must be 0 or more seconds, got {value}")
         check(0 <= self.val_fraction < 1, f"--val-fraction must be in [0, 1), got {self.val_fraction}")
 
     def check_machine(self, world_size: int) -> None:

@@ -131,6 +131,11 @@ class GradSync:
         """Return once every ``param.grad`` holds the average over all ranks."""
         raise NotImplementedError
 
+    def where(self, phase: str) -> None:
+        """Tell the communicator's wrappers (the watchdog) what this rank is doing."""
+        if self.comm is not None:
+            self.comm.where(phase)
+
     def record(self, name: str, start: float, end: float) -> None:
         """Add an event to the timeline, if one is kept (the trainer's steps add theirs too)."""
         if self.events is not None:

@@ -24,6 +24,20 @@ def env_flag(name: str, environ: Mapping[str, str] | None = None) -> bool:
     return value.strip().lower() not in ("", "0", "false", "no", "off")
 
 
+def env_seconds(name: str, default: float, environ: Mapping[str, str] | None = None) -> float:
+    """A duration in seconds from the environment (``default`` if unset); ValueError if not one."""
+    value = (os.environ if environ is None else environ).get(name, "").strip()
+    if not value:
+        return default
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise ValueError(f"{name} must be a number of seconds, got {value!r}") from None
+    if not 0 <= seconds < float("inf"):
+        raise ValueError(f"{name} must be 0 or more seconds, got {value!r}")
+    return seconds
+
+
 @dataclass(frozen=True)
 class Placement:
     rank: int

@@ -89,12 +89,14 @@ def train_step(model, optimizer, sync: GradSync, x: torch.Tensor, y: torch.Tenso
     stats = torch.zeros(3, dtype=torch.float64)
     for i, (xm, ym) in enumerate(zip(x.chunk(grad_accum), y.chunk(grad_accum), strict=True)):
         with sync.accumulate(last=i == grad_accum - 1):
+            sync.where("forward")
             t0 = time.perf_counter()
             with amp.autocast():
                 out = model(xm)
                 loss = loss_fn(out, ym)
             t1 = time.perf_counter()
             sync.local_finite = torch.isfinite(loss.detach()) & sync.local_finite  # before the hooks send
+            sync.where("backward")
             # mean over B/k samples, divided by k: the k micro-batches sum to the mean over B
             amp.backward(loss * (sync.loss_scale / grad_accum))
             sync.record("forward", t0, t1)
@@ -105,6 +107,7 @@ def train_step(model, optimizer, sync: GradSync, x: torch.Tensor, y: torch.Tenso
                 stats[1] += (out.argmax(1) == ym).sum()
             stats[2] += len(ym)
     sync.wait()
+    sync.where("optimizer")
     t0 = time.perf_counter()
     finite = sync.finite()
     if finite:
@@ -174,6 +177,7 @@ class Trainer:
     def _run_batch(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """One step on this rank's batch, its times kept; returns (loss sum, correct, samples) to log,
         zeros for a step left out because some rank's loss or gradient was not finite."""
+        self.comm.where("batch", self.step + 1)  # steps count from 1, as a stall report names them
         step = train_step(self.model, self.optimizer, self.sync, x, y, self.cfg.grad_accum, self.amp)
         self.t_comp.append(step.t_comp)
         self.t_sync.append(step.t_sync)
@@ -210,6 +214,7 @@ class Trainer:
         bar.close()
         # Loss and accuracy over all R*B samples of the epoch and over the held-out set: one small
         # all-reduce per epoch.
+        self.comm.where("evaluate")
         stats = torch.cat([stats, self._evaluate()])
         comm.allreduce(stats, "sum")
         loss, correct, n, val_loss, val_correct, val_n = stats.tolist()
@@ -296,6 +301,7 @@ class Trainer:
             if self.step_in_epoch == self.steps_per_epoch:
                 self.epoch, self.step_in_epoch = self.epoch + 1, 0
             if cfg.checkpoint:
+                self.comm.where("checkpoint")
                 self._save_checkpoint(cfg.checkpoint)
         self._check_replicas()  # silent divergence cannot pass
         return self.metrics()

@@ -14,6 +14,9 @@ backward, gradient averaging, momentum update) at per-rank batch B for:
 * ``ddp-mpi4py`` the same DDP over the ``"mpi4py"`` torch backend (:mod:`mpi_sgd.comm.torch_mpi4py`);
 * ``unchecked`` (only when named in ``--variants``) ``bucketed`` without its non-finite check
   (:meth:`mpi_sgd.gradsync.GradSync.outgoing`): set beside ``bucketed``, what that check costs;
+* ``bucketed-no-watchdog`` (only when asked for) ``bucketed`` on the communicator under the stall
+  watchdog that ``comm.init`` puts around every job: ``bucketed`` over this is what the watchdog
+  costs per step (its thread runs in both);
 * ``comm-only`` no training, just one blocking all-reduce of a buffer the size of all the
   model's gradients: the communication a step cannot avoid, shown for scale. Without overlap a
   step costs at least ``local`` + ``comm-only``; overlap can hide part of it only where a core
@@ -46,6 +49,7 @@ from .. import gradsync
 from ..args import positive_floats
 from ..comm import BACKENDS
 from ..comm.buffers import zeros
+from ..comm.watchdog import without_watchdog
 from ..launch import placement
 from ..models import BENCHMARK_MLP, build_model
 from ..report import add_output_arguments, markdown_table, new_figure, save_results
@@ -57,7 +61,8 @@ FEATURES, CLASSES = BENCHMARK_MLP[0], BENCHMARK_MLP[-1]
 DDP_BACKENDS = {"ddp-gloo": "gloo", "ddp-mpi4py": "torch-mpi4py"}  # variant -> the seam's torch backend
 VARIANTS = ("local", *gradsync.STRATEGIES, "bucketed-mpi", *DDP_BACKENDS, "comm-only")
 SHARED_TARGET = 1.10  # a step with shared buckets at most this much slower than one with no communication
-OPTIONAL = ("unchecked",)  # timed only when asked for
+NO_WATCHDOG = "bucketed-no-watchdog"  # bucketed without the stall watchdog
+OPTIONAL = ("unchecked", NO_WATCHDOG)  # timed only when asked for
 
 
 def _step_fn(model, optimizer, sync, x, y, record, blocked: bool):
@@ -70,6 +75,19 @@ def _step_fn(model, optimizer, sync, x, y, record, blocked: bool):
         record.append((s.seconds, s.t_sync if blocked else float("nan")))
 
     return step
+
+
+def watchdog_costs(rows) -> list[str]:
+    """'simplenet: bucketed / bucketed-no-watchdog = 1.004x per step' for each model (and bucket size)."""
+    out = []
+    for r in rows:
+        bare = next((b for b in rows if b["model"] == r["model"] and b["variant"] == r["variant"].replace(
+            "bucketed", NO_WATCHDOG, 1)), None) if r["variant"].startswith("bucketed") else None  # fmt: skip
+        if bare is not None and bare is not r:
+            out.append(
+                f"{r['model']}: {r['variant']} / {bare['variant']} = {r['step_s'] / bare['step_s']:.3f}x per step"
+            )
+    return out
 
 
 def _build(name: str, comm, seed: int, device=None):
@@ -132,12 +150,13 @@ def bench_model(comm, name: str, args, ddp_groups: dict | None = None, device=No
             grads = zeros(sum(p.numel() for p in model.parameters()), device=device)
             calls[key] = lambda grads=grads: comm.allreduce(grads, "sum")
             continue
-        strategy = (
-            "bucketed" if variant == "unchecked" else variant.removesuffix("-mpi")
-        )  # bucketed-mpi: ordinary memory
+        # bucketed-mpi: bucketed in ordinary memory; unchecked: bucketed without the non-finite check;
+        # bucketed-no-watchdog: bucketed on the communicator inside the stall watchdog
+        strategy = "bucketed" if variant in OPTIONAL else variant.removesuffix("-mpi")
         if strategy in gradsync.STRATEGIES:
             shared = False if variant.endswith("-mpi") else None
-            sync = gradsync.make(strategy, model, comm, mb if mb is not None else args.bucket_mb[0], shared=shared)
+            on = without_watchdog(comm) if variant == NO_WATCHDOG else comm
+            sync = gradsync.make(strategy, model, on, mb if mb is not None else args.bucket_mb[0], shared=shared)
             sync.check_finite = variant != "unchecked"
         else:  # local, or DDP, which averages inside backward on its own
             if variant in DDP_BACKENDS:
@@ -270,6 +289,8 @@ def main(comm, args) -> int:
         lines = verdicts(rows, comm) + targets(rows)
         if lines:
             print("\n" + "\n".join(lines))
+        for line in watchdog_costs(rows):
+            print(f"watchdog: {line}")
         payload = {"world_size": comm.size, "batch_size": args.batch_size, "threads": threads,
                    "bucket_mb": args.bucket_mb, "backend": comm.backend, "device": device.type,
                    "rows": rows}  # fmt: skip

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from .base import (
     ANY_SOURCE,
     ANY_TAG,
@@ -19,7 +21,13 @@ TORCH_BACKENDS = ("torch-mpi4py", "gloo", "mpi", "nccl")
 BACKENDS = ("mpi4py", "local", *TORCH_BACKENDS)  # every name init() accepts
 
 
-def init(backend: str = "mpi4py", debug: bool | None = None, abort_on_error: bool = True) -> Communicator:
+def init(
+    backend: str = "mpi4py",
+    debug: bool | None = None,
+    abort_on_error: bool = True,
+    stall_timeout: float | None = None,
+    stall_abort: float | None = None,
+) -> Communicator:
     """Start the communicator for this process.
 
     ``mpi4py`` (the default) works at any size, ``python script.py`` included (MPI's singleton
@@ -31,8 +39,13 @@ def init(backend: str = "mpi4py", debug: bool | None = None, abort_on_error: boo
     :class:`~mpi_sgd.comm.checked.CheckedComm`, which compares every collective's arguments across
     ranks first. With ``abort_on_error`` an uncaught exception on any rank aborts the whole job
     instead of leaving the others waiting.
+
+    In a job of more than one rank, a :class:`~mpi_sgd.comm.watchdog.Watchdog` reports a rank that
+    waits in one call ``stall_timeout`` seconds (default ``MPI_SGD_STALL_TIMEOUT``, else 60; 0: no
+    watchdog), names the missing ranks and aborts (``stall_abort``: see the watchdog). With
+    ``MPI_SGD_FAULT`` set, a :class:`~mpi_sgd.comm.faults.FaultComm` goes around it all.
     """
-    from ..launch import check_world, env_flag, install_abort_hook
+    from ..launch import check_world, env_flag, env_seconds, install_abort_hook
 
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
@@ -55,6 +68,16 @@ def init(backend: str = "mpi4py", debug: bool | None = None, abort_on_error: boo
         from .checked import CheckedComm
 
         comm = CheckedComm(comm)
+    if stall_timeout is None:
+        stall_timeout = env_seconds("MPI_SGD_STALL_TIMEOUT", 60.0)
+    if stall_timeout > 0 and comm.size > 1:
+        from .watchdog import Watchdog
+
+        comm = Watchdog(comm, stall_timeout, stall_abort)
+    if os.environ.get("MPI_SGD_FAULT"):
+        from .faults import Fault, FaultComm
+
+        comm = FaultComm(comm, Fault.parse(os.environ["MPI_SGD_FAULT"]))
     if abort_on_error:
         install_abort_hook(comm)
     return comm

@@ -260,6 +260,14 @@ class Communicator(abc.ABC):
 
         return zeros(n, dtype)
 
+    def where(self, phase: str, step: int | None = None) -> None:
+        """Say what this rank is doing ("forward", and the training step when it changes).
+
+        Nothing here; wrappers listen: the watchdog names it when a peer waits for this rank, and
+        fault injection picks its moment by it. Cheap enough to call a few times per step.
+        """
+        return None
+
     def wtime(self) -> float:
         """Wall-clock seconds, the clock benchmarks read (``MPI.Wtime`` where MPI is up)."""
         import time

@@ -80,6 +80,9 @@ class CommWrapper(Communicator):
     def alloc_shared(self, n: int, dtype=None):
         return self.inner.alloc_shared(n, dtype)
 
+    def where(self, phase: str, step: int | None = None) -> None:
+        return self.inner.where(phase, step)
+
     # -- point to point -------------------------------------------------------------------
     def send(self, buf, dest: int, tag: int = 0) -> None:
         return self.inner.send(buf, dest, tag)

@@ -9,6 +9,7 @@ import torch
 from mpi_sgd.comm import CollectiveMismatchError, CommError, init
 from mpi_sgd.comm.checked import CheckedComm
 from mpi_sgd.comm.mpi import MPIComm
+from mpi_sgd.comm.watchdog import Watchdog
 
 pytestmark = pytest.mark.mpi
 
@@ -84,13 +85,28 @@ def test_debug_mode_passes_agreeing_calls(comm):
 
 
 def test_debug_is_a_wrapper_only_when_asked_for(monkeypatch):
-    # Off, init returns the backend itself: debug mode costs nothing when it is not used.
+    # Off, init returns the backend itself (the stall watchdog off too): debug mode costs nothing when unused.
     monkeypatch.delenv("MPI_SGD_DEBUG", raising=False)
-    assert type(init("mpi4py", abort_on_error=False)) is MPIComm
+    assert type(init("mpi4py", abort_on_error=False, stall_timeout=0)) is MPIComm
     monkeypatch.setenv("MPI_SGD_DEBUG", "1")
-    checked = init("mpi4py", abort_on_error=False)
+    checked = init("mpi4py", abort_on_error=False, stall_timeout=0)
     assert type(checked) is CheckedComm and type(checked.inner) is MPIComm
-    assert type(init("mpi4py", debug=False, abort_on_error=False)) is MPIComm
+    assert type(init("mpi4py", debug=False, abort_on_error=False, stall_timeout=0)) is MPIComm
+
+
+def test_the_stall_watchdog_is_on_by_default_when_there_is_someone_to_wait_for(monkeypatch):
+    monkeypatch.delenv("MPI_SGD_DEBUG", raising=False)
+    monkeypatch.delenv("MPI_SGD_STALL_TIMEOUT", raising=False)
+    comm = init("mpi4py", abort_on_error=False)
+    if comm.size == 1:
+        assert type(comm) is MPIComm
+        return
+    assert type(comm) is Watchdog and type(comm.inner) is MPIComm and comm.timeout == 60
+    comm.close()
+    monkeypatch.setenv("MPI_SGD_STALL_TIMEOUT", "7.5")
+    comm = init("mpi4py", abort_on_error=False)
+    assert type(comm) is Watchdog and comm.timeout == 7.5
+    comm.close()
 
 
 def test_parameter_rejected_but_its_data_accepted(mpicomm):

@@ -14,7 +14,9 @@ import torch
 
 from mpi_sgd.comm import CollectiveMismatchError, Communicator
 from mpi_sgd.comm.checked import CheckedComm
+from mpi_sgd.comm.faults import Fault, FaultComm
 from mpi_sgd.comm.local import LocalComm
+from mpi_sgd.comm.watchdog import Watchdog
 from mpi_sgd.comm.wrapper import CommWrapper
 
 SEAM = sorted(
@@ -77,6 +79,7 @@ def every_call(comm) -> list[tuple]:
     comm.ireduce_scatter(x, x, [3], "avg").wait()
     comm.iallgather(x, slot).wait()
     comm.barrier()
+    comm.where("forward", 3)
     assert comm.bcast_obj("o", 0) == "o" and comm.allgather_obj(1) == [1] and comm.gather_obj(2, 0) == [2]
     assert comm.wtime() > 0
     assert comm.alloc_shared(4, torch.float64).tolist() == [0.0] * 4 and comm.node_shared is False
@@ -84,14 +87,24 @@ def every_call(comm) -> list[tuple]:
         comm.abort(3)
     names = ["send", "iprobe", "probe", "recv", "irecv", "isend", "allreduce", "iallreduce", "broadcast",
              "reduce", "gather", "allgather", "scatter", "reduce_scatter", "ireduce_scatter", "iallgather",
-             "barrier", "bcast_obj", "allgather_obj", "gather_obj", "wtime", "alloc_shared", "abort"]  # fmt: skip
+             "barrier", "where", "bcast_obj", "allgather_obj", "gather_obj", "wtime", "alloc_shared",
+             "abort"]  # fmt: skip
     assert sorted(names) == SEAM  # the list above covers the whole seam
     return names
 
 
-def test_calls_reach_the_inner_communicator_unchanged():
+# Every wrapper of the library, built so that it adds nothing here (a fault for another rank).
+WRAPPERS = {
+    "CommWrapper": CommWrapper,
+    "Watchdog": lambda inner: Watchdog(inner, timeout=5),
+    "FaultComm": lambda inner: FaultComm(inner, Fault.parse("1:1:raise")),
+}
+
+
+@pytest.mark.parametrize("wrap", WRAPPERS.values(), ids=WRAPPERS.keys())
+def test_calls_reach_the_inner_communicator_unchanged(wrap):
     inner = Recording()
-    wrapped = CommWrapper(inner)
+    wrapped = wrap(inner)
     names = every_call(wrapped)
     assert [c[0] for c in inner.calls] == names
     assert inner.calls[6][2:] == ("max",) and inner.calls[9][2:] == ("sum", 0)  # arguments pass through
@@ -100,7 +113,7 @@ def test_calls_reach_the_inner_communicator_unchanged():
     assert wrapped.device == "cpu"  # a backend's own attribute, looked up on the inner one
     with pytest.raises(AttributeError):
         _ = wrapped.no_such_thing
-    assert repr(wrapped) == "<CommWrapper of <Recording backend=local rank=0/1>>"
+    assert repr(wrapped) == f"<{type(wrapped).__name__} of <Recording backend=local rank=0/1>>"
 
 
 def test_a_wrapper_overrides_only_its_concern_and_stacks():

@@ -1,0 +1,137 @@
+"""``mpi-sgd faults``: break a training job in every way we know, and time how it ends.
+
+Each case launches a real two-rank job of a training script (``--script``, e.g. the examples'
+``sync_sgd.py``) with one thing wrong: a fault injected on rank 1 (``MPI_SGD_FAULT``, see
+:mod:`mpi_sgd.comm.faults`), a bad argument, a dataset too small for the batch, a hostfile that
+does not exist. A case passes when the job ends with the status it should, prints a message
+naming the cause (and the rank, where one rank is to blame), and ends within its bound: seconds
+after the fault for injected ones (read from the line the faulty rank prints as it acts), from
+the launch for the rest. Stall cases run with ``--stall-timeout`` seconds of patience, so their
+bound is that plus the same 10 seconds.
+
+The table is the whole result: case, expected status, bound, time taken, and the message line
+the check found. Add a case by appending a :class:`Case` to :data:`CASES`.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import time
+from dataclasses import dataclass, field
+
+from .args import positive_float
+from .launch import mpiexec_command
+from .report import markdown_table
+
+SLACK = 10.0  # seconds a failure may take to end the job, after the fault (or the timeout)
+LAUNCH_BOUND = 60.0  # cases with no fault time: from launch, python and torch start-up included
+TRAIN = ("--epochs", "1", "--val-fraction", "0", "--max-steps", "12", "--batch-size", "16", "--no-progress")
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    expect: str  # a regular expression the job's output must match (one line is shown)
+    status: str = "non-zero"  # "0", "2" or "non-zero"
+    fault: str | None = None  # MPI_SGD_FAULT
+    args: tuple[str, ...] = ()  # added to the script's arguments
+    launcher: tuple[str, ...] = ()  # added to mpiexec's
+    stall: bool = False  # bound: the stall timeout + SLACK
+    env: dict = field(default_factory=dict)
+
+
+CASES = (
+    Case("no fault", r"\d+ steps; per step", status="0"),
+    Case("raise on rank 1", r"rank 1 of 2 on \S+ failed.*", fault="1:3:raise"),
+    Case("SIGKILL of rank 1", r".*(KILLED BY SIGNAL: 9|EXIT CODE: 9|signal 9).*", fault="1:3:kill"),
+    Case("rank 1 stalls", r"watchdog: .* rank 1 missing.*", fault="1:3:stall", stall=True),
+    Case("rank 1 exits 0 early", r"rank 1 has left the job.*", fault="1:3:exit0", stall=True),
+    # Until the trainer stops every rank on a non-finite value, the rank that sees the NaN loss ends the job.
+    Case("NaN gradient on rank 1", r".*(diverged|non-finite).*rank \d.*", fault="1:3:nan"),
+    Case("rank 1's all-reduce 1 short", r"watchdog: ranks made different collective calls.*", fault="1:3:shape"),
+    Case("bad argument", r".*--lr must be positive.*", status="2", args=("--lr", "-1")),
+    Case("dataset too small", r".*one step needs R\*B.*", status="2", args=("--batch-size", "100000")),
+    Case("hostfile missing", r".*(hostfile|host file|No such file).*", launcher=("-f", "no-such-hostfile")),
+    # Checkpoint cases (a kill during a save, a kill then --resume auto) join here.
+)
+
+
+@dataclass
+class Outcome:
+    case: Case
+    status: int
+    seconds: float  # after the fault, or after the launch when no fault time was printed
+    bound: float
+    message: str  # the line that matched, or why the case failed
+    passed: bool
+
+
+def run_case(case: Case, script: str, stall_timeout: float, cwd: str | None = None) -> Outcome:
+    cmd, env = mpiexec_command(2, script, *TRAIN, "--stall-timeout", f"{stall_timeout:g}", *case.args)
+    cmd = [cmd[0], *case.launcher, *cmd[1:]]
+    env = {**env, **case.env, "MPIEXEC_TIMEOUT": str(int(LAUNCH_BOUND + stall_timeout + 2 * SLACK))}
+    env.pop("MPI_SGD_FAULT", None)
+    if case.fault:
+        env["MPI_SGD_FAULT"] = case.fault
+    start = time.time()
+    try:
+        done = subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, text=True, timeout=240)
+        status, output = done.returncode, done.stdout + done.stderr
+    except subprocess.TimeoutExpired as e:
+        status, output = -9, f"hung: killed after {e.timeout} s\n" + str(e.stdout or "") + str(e.stderr or "")
+    return judge(case, status, output, start, time.time(), stall_timeout)
+
+
+def judge(case: Case, status: int, output: str, start: float, end: float, stall_timeout: float) -> Outcome:
+    """Did the job that ran ``case`` (exit ``status``, ``output``, launched and ended at wall-clock
+    ``start`` and ``end``) end as it should?"""
+    from .comm.faults import ANNOUNCE
+
+    fault_at = re.search(rf"^{re.escape(ANNOUNCE)} .* at ([\d.]+)$", output, re.M)
+    seconds = end - (float(fault_at.group(1)) if fault_at else start)
+    bound = (stall_timeout if case.stall else 0.0) + SLACK if fault_at else LAUNCH_BOUND
+    found = re.search(case.expect, output, re.M)
+    status_ok = {"0": status == 0, "2": status == 2}.get(case.status, status not in (0, -9))
+    if case.fault and not fault_at:
+        message = "the fault was never injected"
+    elif not found:
+        message = f"no line matches {case.expect!r}; last lines: " + " | ".join(output.strip().splitlines()[-3:])
+    else:
+        message = found.group(0).strip()
+    passed = bool(status_ok and found and seconds <= bound and (fault_at or not case.fault))
+    return Outcome(case, status, seconds, bound, message[:160], passed)
+
+
+def table(outcomes: list[Outcome]) -> str:
+    rows = [[o.case.name, o.case.status, o.status, f"{o.bound:g} s", f"{o.seconds:.1f} s",
+             "pass" if o.passed else "FAIL", o.message] for o in outcomes]  # fmt: skip
+    return markdown_table(["case", "expected exit", "exit", "bound", "took", "result", "message"], rows)
+
+
+def run(script: str, stall_timeout: float, cases=CASES, cwd: str | None = None, echo: bool = True) -> list[Outcome]:
+    outcomes = []
+    for case in cases:
+        outcomes.append(run_case(case, script, stall_timeout, cwd))
+        if echo:
+            o = outcomes[-1]
+            print(f"{'pass' if o.passed else 'FAIL'}  {case.name}: {o.seconds:.1f} s", flush=True)
+    return outcomes
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser("faults", help="run the fault-injection matrix (start it as one process)",
+                              description=__doc__)  # fmt: skip
+    p.add_argument("--script", required=True, help="the training script every case launches, e.g. sync_sgd.py")
+    p.add_argument("--stall-timeout", type=positive_float, default=3.0,
+                   help="the jobs' --stall-timeout in seconds (default 3)")  # fmt: skip
+    p.add_argument("--only", default=None, help="run only the cases whose name contains this text")
+    p.set_defaults(func=_run)
+
+
+def _run(args) -> int:
+    cases = [c for c in CASES if args.only is None or args.only in c.name]
+    outcomes = run(args.script, args.stall_timeout, cases)
+    print()
+    print(table(outcomes))
+    return 0 if all(o.passed for o in outcomes) else 1

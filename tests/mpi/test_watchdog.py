@@ -1,0 +1,107 @@
+"""The watchdog in a real job, around mpi4py and around torch's gloo: a rank that arrives late to
+an all-reduce is named as missing, with where it said it was and every rank's stack, by the
+rank(s) waiting for it; a job with no stall reports nothing; and a call made with other arguments
+on one rank is named by rank 0 while the job runs. Report-only (``abort_after=0``)
+so the job goes on; the messages are kept, not printed."""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import pytest
+import torch
+
+from mpi_sgd.comm.watchdog import CHECK_EVERY, Watchdog
+from mpi_sgd.comm.wrapper import CommWrapper
+
+
+@pytest.mark.parametrize("comm", ["world", "gloo"], indirect=True)
+def test_a_late_rank_is_named_with_where_it_was(comm):
+    reports: list[str] = []
+    wd = Watchdog(comm, timeout=0.5, abort_after=0, poll=0.05, report=reports.append)
+    late = comm.size - 1
+    try:
+        if comm.size == 1:  # nobody to wait for: no thread, calls pass straight through
+            assert wd.monitor is None
+        wd.barrier()
+        buf = torch.full((4,), float(comm.rank + 1))
+        if comm.rank == late and comm.size > 1:
+            wd.where("napping", 7)
+            time.sleep(2.0)  # four timeouts: the others must notice
+        wd.allreduce(buf)
+        # the sum over ranks of rank + 1, exactly: small integers in float32
+        assert buf.tolist() == [comm.size * (comm.size + 1) / 2] * 4
+    finally:
+        wd.close()
+    everyone = comm.allgather_obj(reports)
+    if comm.size == 1:
+        assert everyone == [[]]
+        return
+    assert everyone[late] == [], "the late rank never waited"
+    texts = [t for r in everyone for t in r]
+    assert texts, "nobody reported the stall"
+    host = socket.gethostname()
+    for text in texts:
+        assert "allreduce (call #2) has waited" in text  # the barrier was call #1
+        assert f"rank {late} missing" in text
+        assert f"rank {late} on {host} last seen in napping of step 7" in text
+        # every rank's Python stack, the late one's inside its nap in this test
+        for r in range(comm.size):
+            assert f"--- rank {r} on {host}" in text
+        assert text.count("in test_a_late_rank_is_named_with_where_it_was") == comm.size
+
+
+@pytest.mark.parametrize("comm", ["world", "gloo"], indirect=True)
+def test_no_stall_no_report(comm):
+    reports: list[str] = []
+    wd = Watchdog(comm, timeout=0.5, abort_after=0, poll=0.05, report=reports.append)
+    try:
+        for _ in range(20):
+            wd.allreduce(torch.ones(8))
+            wd.iallreduce(torch.ones(8)).wait()
+        time.sleep(0.3)  # several polls, and the mismatch check's exchanges
+    finally:
+        wd.close()
+    assert comm.allgather_obj(reports) == [[]] * comm.size
+    assert wd.seq == 40
+
+
+class KeepAbort(CommWrapper):
+    """Notes an abort instead of ending the job, so the test can read what came before it."""
+
+    def __init__(self, inner):
+        super().__init__(inner)
+        self.aborted: list[int] = []
+
+    def abort(self, code=1):
+        self.aborted.append(code)
+
+
+@pytest.mark.parametrize("comm", ["world"], indirect=True)
+def test_a_call_with_other_arguments_is_caught_while_the_job_runs(comm):
+    # Rank 1's 6th all-reduce passes a (2, 2) tensor where the others pass (4,): the same four floats
+    # to MPI, which is content, but a different call to the program. The running CRC that rank 1
+    # sends to rank 0 every CHECK_EVERY calls must differ from rank 0's, and rank 0 must name the call.
+    reports: list[str] = []
+    keep = KeepAbort(comm)
+    wd = Watchdog(keep, timeout=30, poll=0.05, report=reports.append)
+    try:
+        for i in range(2 * CHECK_EVERY):
+            wd.allreduce(torch.ones((2, 2) if comm.rank == 1 and i == 5 else (4,)))
+        time.sleep(1.0)  # twenty polls: the check's messages and the history it asks for
+        wd.barrier()
+    finally:
+        wd.close()
+    if comm.size == 1:
+        assert reports == [] and keep.aborted == []
+        return
+    if comm.rank == 0:
+        assert reports == [
+            "mpi_sgd watchdog: ranks made different collective calls at call #6:\n"
+            "  rank 0: allreduce((4,) float32 sum), its allreduce (call #6)\n"
+            "  rank 1: allreduce((2, 2) float32 sum), its allreduce (call #6)"
+        ]
+        assert keep.aborted == [1]
+    else:
+        assert reports == [] and keep.aborted == []

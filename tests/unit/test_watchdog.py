@@ -1,0 +1,177 @@
+"""The watchdog's and fault injection's parts that need no second process: the messages (built from
+statuses written out by hand), the spec of MPI_SGD_FAULT, each fault's effect, and the watchdog's
+notes on a size-1 communicator. The same messages coming out of real jobs are checked in
+tests/mpi/test_watchdog.py and by the fault matrix (tests/integration/test_faults.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mpi_sgd.comm.faults import Fault, FaultComm
+from mpi_sgd.comm.local import LocalComm
+from mpi_sgd.comm.stallreport import mismatch_report, stall_report
+from mpi_sgd.comm.watchdog import Watchdog
+from mpi_sgd.launch import env_seconds
+
+
+def status(rank, seq, blocked=None, calls=(), step=412, phase="forward", left=False):
+    return {"rank": rank, "host": f"h{rank}", "pid": 100 + rank, "step": step, "phase": phase, "phase_age": 3.0,
+            "seq": seq, "blocked": blocked, "calls": [list(c) for c in calls], "stack": f"stack of {rank}",
+            "left": left}  # fmt: skip
+
+
+ME_CALL = (57, "allreduce[3] of step 412 (call #57)", "allreduce((10,) float32 sum)")
+
+
+def test_the_report_names_missing_ranks_where_they_were_and_every_stack():
+    me = status(0, 57, blocked=[57, ME_CALL[1], 61.0], calls=[ME_CALL])
+    others = {
+        1: status(1, 57, blocked=[57, ME_CALL[1], 60.5], calls=[ME_CALL]),  # arrived
+        2: status(2, 56, phase="forward"),  # not there yet
+        3: None,  # no answer
+        4: status(4, 55, phase="backward", step=411, left=True),
+        5: status(
+            5,
+            57,
+            blocked=[57, "broadcast (call #57)", 60.0],
+            calls=[(57, "broadcast (call #57)", "broadcast((10,) float32 root 0)")],
+        ),  # fmt: skip
+    }
+    text = stall_report(me, others, timeout=60)
+    head = text.splitlines()[0]
+    assert head == (
+        "mpi_sgd watchdog: allreduce[3] of step 412 (call #57) has waited 61.0 s on rank 0 (h0): ranks 2, 3, 4 "
+        "missing; rank 5 made a different call (--stall-timeout 60 s)"
+    )
+    assert "  rank 2 on h2 last seen in forward of step 412, 3.0 s ago" in text
+    assert "  rank 3 did not answer: killed, or stuck outside Python" in text
+    assert "  rank 4 has left the job: it exited during backward of step 411" in text
+    assert (
+        "  rank 5 made call #57 as broadcast((10,) float32 root 0), where rank 0 made allreduce((10,) float32 sum)"
+        in (text)
+    )
+    assert "rank 1" not in head  # it is there, waiting too
+    for r in (0, 1, 2, 5):
+        assert f"stack of {r}" in text
+    assert "--- rank 0 on h0 (pid 100), waiting in allreduce[3] of step 412 (call #57) for 61.0 s" in text
+
+
+def test_everyone_arrived_says_so():
+    me = status(0, 5, blocked=[5, "barrier (call #5)", 9.0], calls=[(5, "barrier (call #5)", "barrier()")])
+    text = stall_report(me, {1: status(1, 5, calls=[(5, "barrier (call #5)", "barrier()")])}, timeout=5)
+    assert "every rank has started this call" in text.splitlines()[0]
+
+
+def test_a_mismatch_shows_both_calls():
+    label = "iallreduce[0] of step 3 (call #9)"
+    text = mismatch_report(
+        9, {0: [9, label, "iallreduce((8,) float32 sum)"], 1: [9, label, "iallreduce((7,) float32 sum)"]}
+    )
+    assert text.splitlines() == [
+        "mpi_sgd watchdog: ranks made different collective calls at call #9:",
+        "  rank 0: iallreduce((8,) float32 sum), its iallreduce[0] of step 3 (call #9)",
+        "  rank 1: iallreduce((7,) float32 sum), its iallreduce[0] of step 3 (call #9)",
+    ]
+
+
+def test_the_watchdog_notes_calls_and_steps_on_one_rank():
+    wd = Watchdog(LocalComm(), timeout=5)
+    assert wd.monitor is None  # one rank waits for nobody
+    wd.allreduce(torch.ones(3))
+    wd.where("forward", 4)
+    req = wd.iallreduce(torch.ones(2, 5), "avg")
+    wd.broadcast(torch.ones(1, dtype=torch.float64), root=0)
+    req.wait()
+    assert [tuple(c[1:]) for c in wd.history()] == [
+        ("allreduce (call #1)", "allreduce((3,) float32 sum)"),
+        ("iallreduce[0] of step 4 (call #2)", "iallreduce((2, 5) float32 avg)"),
+        ("broadcast[1] of step 4 (call #3)", "broadcast((1,) float64 root 0)"),
+    ]
+    s = wd.status()
+    assert (s["step"], s["phase"], s["seq"], s["blocked"]) == (4, "forward", 3, None)
+    assert "in test_the_watchdog_notes_calls_and_steps_on_one_rank" in s["stack"]
+
+
+@pytest.mark.parametrize(
+    "text, why",
+    [("1:20", "rank:step:kind"), ("a:1:raise", "rank:step:kind"), ("0:3:melt", "not one of"), ("0:0:raise", "from 1")],
+)
+def test_bad_fault_specs_say_what_is_wrong(text, why):
+    with pytest.raises(ValueError, match=why):
+        Fault.parse(text)
+
+
+def test_faults_fire_on_their_rank_at_their_step_only():
+    fc = FaultComm(LocalComm(), Fault.parse("0:3:raise"))
+    fc.where("batch", 2)
+    fc.where("forward")
+    with pytest.raises(RuntimeError, match="MPI_SGD_FAULT=0:3:raise"):
+        fc.where("batch", 3) or fc.where("forward")
+    fc.where("forward")  # once only
+    other = FaultComm(LocalComm(), Fault.parse("1:3:raise"))  # rank 1 does not exist here
+    other.where("forward", 3)
+
+
+def test_nan_and_shape_change_the_steps_next_allreduce():
+    fc = FaultComm(LocalComm(), Fault.parse("0:1:nan"))
+    fc.where("forward", 1)
+    buf = torch.ones(4)
+    fc.iallreduce(buf).wait()
+    assert buf.isnan().all()
+    fc.allreduce(buf.fill_(1.0))
+    assert buf.tolist() == [1.0] * 4  # once only
+
+    seen = []
+
+    class Spy(LocalComm):
+        def allreduce(self, buf, op="sum"):
+            seen.append(tuple(buf.shape))
+            return buf
+
+    fc = FaultComm(Spy(), Fault.parse("0:1:shape"))
+    fc.where("forward", 1)
+    fc.allreduce(torch.ones(4))
+    fc.allreduce(torch.ones(4))
+    assert seen == [(3,), (4,)]
+
+
+def test_stall_timeout_from_the_environment():
+    assert env_seconds("T", 60.0, {}) == 60.0
+    assert env_seconds("T", 60.0, {"T": "2.5"}) == 2.5
+    for bad in ("soon", "-1", "inf"):
+        with pytest.raises(ValueError, match="T must be"):
+            env_seconds("T", 60.0, {"T": bad})
+
+
+def test_the_fault_matrix_judges_status_message_and_time():
+    from mpi_sgd.faultmatrix import CASES, judge
+
+    stall = next(c for c in CASES if c.fault and c.fault.endswith("stall"))
+    report = (
+        "mpi_sgd watchdog: wait() of iallreduce[0] of step 3 (call #9) has waited 3.2 s on rank 0 (h): rank 1 missing"
+    )
+    fault = "mpi_sgd fault: rank 1, step 3: stall (MPI_SGD_FAULT=1:3:stall) at 1000.0\n"
+    ok = judge(stall, 1, fault + report, start=990.0, end=1005.0, stall_timeout=3)
+    assert ok.passed and ok.seconds == 5.0 and ok.bound == 13.0 and ok.message == report[len("mpi_sgd ") :]
+    # each way of not ending as it should fails the case
+    assert not judge(stall, 1, fault + report, 990.0, 1013.5, 3).passed  # too slow after the fault
+    assert not judge(stall, 0, fault + report, 990.0, 1005.0, 3).passed  # exit status 0
+    assert not judge(stall, 1, fault + "something else", 990.0, 1005.0, 3).passed  # no such message
+    assert not judge(stall, 1, report, 990.0, 1005.0, 3).passed  # the fault never happened
+    bad_arg = next(c for c in CASES if c.status == "2")
+    assert not judge(bad_arg, 1, "error: --lr must be positive, got -1.0", 0.0, 5.0, 3).passed  # status 1, not 2
+
+
+@pytest.mark.parametrize("abort_after, expected", [(None, 5.0), (0, 0.0), (2, 5.0), (10, 10.0)])
+def test_stall_abort_is_never_before_the_report(abort_after, expected):
+    # None: abort when the stall is reported; 0: report only; otherwise at that wait, the timeout at the soonest
+    assert Watchdog(LocalComm(), timeout=5, abort_after=abort_after).abort_after == expected
+
+
+@pytest.mark.parametrize("flag", ["stall_timeout", "stall_abort"])
+def test_negative_stall_flags_are_refused(flag):
+    from mpi_sgd.config import TrainConfig
+
+    with pytest.raises(ValueError, match=f"--{flag.replace('_', '-')} must be 0 or more seconds"):
+        TrainConfig(**{flag: -1.0})
