@@ -3,11 +3,11 @@
 Each case launches a real two-rank job of a training script (``--script``, e.g. the examples'
 ``sync_sgd.py``) with one thing wrong: a fault injected on rank 1 (``MPI_SGD_FAULT``, see
 :mod:`mpi_sgd.comm.faults`), a bad argument, a dataset too small for the batch, a hostfile that
-does not exist. A case passes when the job ends with the status it should, prints a message
-naming the cause (and the rank, where one rank is to blame), and ends within its bound: seconds
-after the fault for injected ones (read from the line the faulty rank prints as it acts), from
-the launch for the rest. Stall cases run with ``--stall-timeout`` seconds of patience, so their
-bound is that plus the same 10 seconds.
+does not exist; then the checkpoint kill drills (:data:`DRILLS`). A case passes when the job
+ends with the status it should, prints a message naming the cause (and the rank, where one rank
+is to blame), and ends within its bound: seconds after the fault for injected ones (read from
+the line the faulty rank prints as it acts), from the launch for the rest. Stall cases run with
+``--stall-timeout`` seconds of patience, so their bound is that plus the same 10 seconds.
 
 The table is the whole result: case, expected status, bound, time taken, and the message line
 the check found. Add a case by appending a :class:`Case` to :data:`CASES`.
@@ -47,14 +47,17 @@ CASES = (
     Case("SIGKILL of rank 1", r".*(KILLED BY SIGNAL: 9|EXIT CODE: 9|signal 9).*", fault="1:3:kill"),
     Case("rank 1 stalls", r"watchdog: .* rank 1 missing.*", fault="1:3:stall", stall=True),
     Case("rank 1 exits 0 early", r"rank 1 has left the job.*", fault="1:3:exit0", stall=True),
-    # Until the trainer stops every rank on a non-finite value, the rank that sees the NaN loss ends the job.
+    # The NaN lands in the reduced gradient, so every rank's next loss is NaN; the trainer stops them all.
     Case("NaN gradient on rank 1", r".*(diverged|non-finite).*rank \d.*", fault="1:3:nan"),
     Case("rank 1's all-reduce 1 short", r"watchdog: ranks made different collective calls.*", fault="1:3:shape"),
     Case("bad argument", r".*--lr must be positive.*", status="2", args=("--lr", "-1")),
     Case("dataset too small", r".*one step needs R\*B.*", status="2", args=("--batch-size", "100000")),
     Case("hostfile missing", r".*(hostfile|host file|No such file).*", launcher=("-f", "no-such-hostfile")),
-    # Checkpoint cases (a kill during a save, a kill then --resume auto) join here.
 )
+# Checkpoint drills (mpi_sgd.checkpoint.drill): each returns (ok, seconds, message) itself. The test
+# suite runs them on their own (tests/unit/test_checkpoint_dirs.py, tests/integration/test_reliability_jobs.py).
+DRILLS = ("SIGKILL at every step of a save", "SIGKILL mid-run, then --resume auto")
+DRILL_BOUNDS = {DRILLS[0]: 30.0, DRILLS[1]: 240.0}  # the whole drill: 12 saves killed; three training runs
 
 
 @dataclass
@@ -119,6 +122,22 @@ def run(script: str, stall_timeout: float, cases=CASES, cwd: str | None = None, 
     return outcomes
 
 
+def run_drill(name: str, script: str, cwd: str | None = None) -> Outcome:
+    """One of :data:`DRILLS`: every kill point of a save, or a job killed and resumed bit for bit."""
+    from .checkpoint import drill
+
+    if name == DRILLS[0]:
+        results = [drill.kill_during_save(i) for i in range(len(drill.save_points()))]
+        bad = [m for ok, _, m in results if not ok]
+        ok, seconds = not bad, sum(t for _, t, _ in results)
+        message = bad[0] if bad else f"{len(results)} kill points: the previous checkpoint loaded after every one"
+    else:
+        cmd, env = mpiexec_command(2, script, "--epochs", "4", "--no-progress", "--batch-size", "64")
+        ok, seconds, message = drill.kill_and_resume(cmd, env={**env, "OMP_NUM_THREADS": "1"}, timeout=200)
+    bound = DRILL_BOUNDS[name]
+    return Outcome(Case(name, "", status="0"), 0 if ok else 1, seconds, bound, message[:160], ok and seconds <= bound)
+
+
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser("faults", help="run the fault-injection matrix (start it as one process)",
                               description=__doc__)  # fmt: skip
@@ -126,12 +145,16 @@ def add_parser(subparsers) -> None:
     p.add_argument("--stall-timeout", type=positive_float, default=3.0,
                    help="the jobs' --stall-timeout in seconds (default 3)")  # fmt: skip
     p.add_argument("--only", default=None, help="run only the cases whose name contains this text")
+    p.add_argument("--no-drills", action="store_true", help="leave out the checkpoint kill drills (a minute or so)")
     p.set_defaults(func=_run)
 
 
 def _run(args) -> int:
     cases = [c for c in CASES if args.only is None or args.only in c.name]
     outcomes = run(args.script, args.stall_timeout, cases)
+    for name in [] if args.no_drills else [d for d in DRILLS if args.only is None or args.only in d]:
+        outcomes.append(run_drill(name, args.script))
+        print(f"{'pass' if outcomes[-1].passed else 'FAIL'}  {name}: {outcomes[-1].seconds:.1f} s", flush=True)
     print()
     print(table(outcomes))
     return 0 if all(o.passed for o in outcomes) else 1
