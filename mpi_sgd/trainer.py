@@ -246,7 +246,10 @@ class Trainer:
         elif bad_grad:
             what = f"non-finite gradient {where} on {_ranks(bad_grad)} (loss finite there)"
         else:
-            what = f"non-finite gradient {where}: every rank's was finite, their sum overflowed"
+            what = (
+                f"non-finite gradient {where}: every rank's was finite before the all-reduce and the sum is not "
+                "(it overflowed, or was corrupted in transit)"
+            )
         # Skipping helps with a bad batch; not once the parameters themselves are the cause (then
         # every later step fails as well, since skipped steps leave them as they are).
         self.skipped_in_a_row = self.skipped_in_a_row + 1 if self._last_skipped == self.step else 1

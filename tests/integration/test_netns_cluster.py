@@ -229,10 +229,8 @@ def test_failures_on_the_wire_end_the_job_naming_the_host():
 
         err = cut_mid_run("b killed mid-run", lambda: c.kill_host("b"))
         assert "Connection to b closed" in err, err[-2000:]
-        c.start_host("b")
-        # b silent mid-run (cable pulled): no connection closes; ssh's ServerAlive notices
-        err = cut_mid_run("link to b cut mid-run", lambda: c.cut_link("b"))
-        assert "ssh to b failed or the host stopped answering" in err, err[-2000:]
+        # A pulled cable (c.cut_link: no connection closes, ssh's ServerAlive notices in 15-20 s) is
+        # left out here to keep the suite short; `python -m mpi_sgd.cluster.netns` can stage it by hand.
     assert c.leftovers() == []
     print("\n" + "\n".join(f"{case}: job ended after {s:.2f} s" for case, s in timings.items()))
     assert all(s < 30 for s in timings.values()), timings
