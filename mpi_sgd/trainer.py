@@ -1,4 +1,4 @@
-"""The synchronous SGD training loop, one small class.
+"""The synchronous SGD training loop, one small class around :func:`~mpi_sgd.step.train_step`.
 
 Per step, every rank runs forward and backward on its own B samples (split into ``grad_accum``
 micro-batches), the gradient strategy averages the gradients over all R ranks, and every rank
@@ -14,6 +14,9 @@ backward, optimizer). Distributed training pays off when T_sync / T_comp < R - 1
 After each epoch the model is scored on the held-out ``val`` set (dropout off): each rank takes
 an even share of it, and the sums travel in the same small all-reduce as the epoch's training
 loss, so validation costs no extra message.
+
+A little over 300 lines, kept as one class: the loop, its checkpoints (save, resume) and its
+measurements all read and write the same per-run state (step, epoch, RNG, timings, history).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import math
 import statistics
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 
 import torch
 from torch.nn import functional as F
@@ -33,88 +36,13 @@ from .amp import MixedPrecision
 from .comm import split_counts
 from .config import TrainConfig
 from .gradsync import GradSync
-from .launch import JobError
 from .models import build_model
+from .step import Step, TrainingDiverged, make_optimizer, train_step
 from .timing import WARMUP_STEPS, chrome_trace
 
+__all__ = ["MAX_SKIPS_IN_A_ROW", "Step", "Trainer", "TrainingDiverged", "make_optimizer", "train_step"]
+
 MAX_SKIPS_IN_A_ROW = 10  # --on-nonfinite skip: this many non-finite steps in a row stop training
-
-
-class TrainingDiverged(JobError):
-    """A loss or gradient is no longer a finite number: every later step would train on garbage."""
-
-
-def make_optimizer(cfg: TrainConfig, model) -> torch.optim.Optimizer:
-    """``cfg``'s optimizer over a model's parameters, or over a list of tensors (a sharded optimizer's shards)."""
-    params = model.parameters() if isinstance(model, torch.nn.Module) else model
-    if cfg.optimizer == "adam":
-        return torch.optim.Adam(params, lr=cfg.lr)
-    return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum)
-
-
-@dataclass(frozen=True)
-class Step:
-    """What one optimizer step took, and the sums behind its loss and accuracy on this rank."""
-
-    t_comp: float  # forward, backward and optimizer: everything but waiting for gradients
-    t_sync: float  # blocked in gradient communication
-    stats: torch.Tensor  # float64 (loss summed over samples, correct predictions, samples)
-    finite: bool = True  # every rank's loss and gradients were finite; if not, the optimizer did not step
-
-    @property
-    def seconds(self) -> float:
-        return self.t_comp + self.t_sync
-
-
-def train_step(model, optimizer, sync: GradSync, x: torch.Tensor, y: torch.Tensor, grad_accum: int = 1,
-               amp: MixedPrecision | None = None) -> Step:  # fmt: skip
-    """One optimizer step on this rank's batch: the step the trainer runs and every benchmark times.
-
-    Cross-entropy for class indices, mean squared error for float targets. The batch is split into
-    ``grad_accum`` micro-batches whose gradients accumulate; ``sync`` averages them over the ranks
-    once, after the last (:class:`~mpi_sgd.gradsync.LocalGradients` where nothing is averaged).
-    ``amp`` (:class:`~mpi_sgd.amp.MixedPrecision`) wraps forward, backward and the optimizer step
-    for ``--amp``; None is full precision.
-
-    A non-finite loss or gradient on any rank (see :meth:`GradSync.outgoing`) makes every rank
-    return ``finite=False`` for the same step, with the optimizer not stepped: no rank trains on it.
-    """
-    amp = amp or MixedPrecision("none", x.device.type)
-    classification = not y.dtype.is_floating_point
-    loss_fn = F.cross_entropy if classification else F.mse_loss
-    start = time.perf_counter()
-    sync.seconds = 0.0
-    sync.zero_grad()
-    sync.begin_step()
-    stats = torch.zeros(3, dtype=torch.float64)
-    for i, (xm, ym) in enumerate(zip(x.chunk(grad_accum), y.chunk(grad_accum), strict=True)):
-        with sync.accumulate(last=i == grad_accum - 1):
-            sync.where("forward")
-            t0 = time.perf_counter()
-            with amp.autocast():
-                out = model(xm)
-                loss = loss_fn(out, ym)
-            t1 = time.perf_counter()
-            sync.local_finite = torch.isfinite(loss.detach()) & sync.local_finite  # before the hooks send
-            sync.where("backward")
-            # mean over B/k samples, divided by k: the k micro-batches sum to the mean over B
-            amp.backward(loss * (sync.loss_scale / grad_accum))
-            sync.record("forward", t0, t1)
-            sync.record("backward", t1, time.perf_counter())
-        with torch.no_grad():
-            stats[0] += loss.detach().double() * len(ym)
-            if classification:
-                stats[1] += (out.argmax(1) == ym).sum()
-            stats[2] += len(ym)
-    sync.wait()
-    sync.where("optimizer")
-    t0 = time.perf_counter()
-    finite = sync.finite()
-    if finite:
-        amp.step(optimizer)  # with fp16's scaler: skipped on every rank alike if a gradient overflowed
-    end = time.perf_counter()
-    sync.record("optimizer", t0, end)
-    return Step(end - start - sync.seconds, sync.seconds, stats, finite)
 
 
 class Trainer:

@@ -47,6 +47,9 @@ work is *claimed* by the waiter, the sweeper or its caller before any of them to
 this needs ``MPI_THREAD_MULTIPLE``, which mpi4py asks for by default. (One module, longer than
 most here: the work and the threads that complete it share one lock and one claiming protocol,
 which are easier to check read together.)
+
+Over 300 lines, kept whole: the waiter and the sweeper hand works to each other under one lock
+and one set of deadlines; split, each would reach into the other's state.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ FLOORS = (
     # built on the seam, or pure
     ("collectives", "timing", "data", "models", "checkpoint", "amp", "perfmodel", "guide"),
     ("gradsync", "pipeline", "paramserver", "zero"),  # parallelism strategies
-    ("config", "trainer", "agree"),  # the training loop, and what its ranks must agree on
+    ("config", "step", "trainer", "agree"),  # one step, the training loop, and what its ranks must agree on
     ("calibrate",),  # measuring the machine with the trainer's own step
     ("bench", "faultmatrix"),  # benchmarks and the fault matrix: jobs started and measured
     ("cli",),  # the `mpi-sgd` entry point, the one module that may import bench

@@ -1,0 +1,95 @@
+"""One training step on this rank: the step the trainer runs and every benchmark times.
+
+Kept apart from the :class:`~mpi_sgd.trainer.Trainer` loop so that benchmarks, calibration and
+pipelines time exactly this code without the loop's bookkeeping (epochs, checkpoints, metrics).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+from torch.nn import functional as F
+
+from .amp import MixedPrecision
+from .config import TrainConfig
+from .gradsync import GradSync
+from .launch import JobError
+
+
+class TrainingDiverged(JobError):
+    """A loss or gradient is no longer a finite number: every later step would train on garbage."""
+
+
+def make_optimizer(cfg: TrainConfig, model) -> torch.optim.Optimizer:
+    """``cfg``'s optimizer over a model's parameters, or over a list of tensors (a sharded optimizer's shards)."""
+    params = model.parameters() if isinstance(model, torch.nn.Module) else model
+    if cfg.optimizer == "adam":
+        return torch.optim.Adam(params, lr=cfg.lr)
+    return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum)
+
+
+@dataclass(frozen=True)
+class Step:
+    """What one optimizer step took, and the sums behind its loss and accuracy on this rank."""
+
+    t_comp: float  # forward, backward and optimizer: everything but waiting for gradients
+    t_sync: float  # blocked in gradient communication
+    stats: torch.Tensor  # float64 (loss summed over samples, correct predictions, samples)
+    finite: bool = True  # every rank's loss and gradients were finite; if not, the optimizer did not step
+
+    @property
+    def seconds(self) -> float:
+        return self.t_comp + self.t_sync
+
+
+def train_step(model, optimizer, sync: GradSync, x: torch.Tensor, y: torch.Tensor, grad_accum: int = 1,
+               amp: MixedPrecision | None = None) -> Step:  # fmt: skip
+    """One optimizer step on this rank's batch: the step the trainer runs and every benchmark times.
+
+    Cross-entropy for class indices, mean squared error for float targets. The batch is split into
+    ``grad_accum`` micro-batches whose gradients accumulate; ``sync`` averages them over the ranks
+    once, after the last (:class:`~mpi_sgd.gradsync.LocalGradients` where nothing is averaged).
+    ``amp`` (:class:`~mpi_sgd.amp.MixedPrecision`) wraps forward, backward and the optimizer step
+    for ``--amp``; None is full precision.
+
+    A non-finite loss or gradient on any rank (see :meth:`GradSync.outgoing`) makes every rank
+    return ``finite=False`` for the same step, with the optimizer not stepped: no rank trains on it.
+    """
+    amp = amp or MixedPrecision("none", x.device.type)
+    classification = not y.dtype.is_floating_point
+    loss_fn = F.cross_entropy if classification else F.mse_loss
+    start = time.perf_counter()
+    sync.seconds = 0.0
+    sync.zero_grad()
+    sync.begin_step()
+    stats = torch.zeros(3, dtype=torch.float64)
+    for i, (xm, ym) in enumerate(zip(x.chunk(grad_accum), y.chunk(grad_accum), strict=True)):
+        with sync.accumulate(last=i == grad_accum - 1):
+            sync.where("forward")
+            t0 = time.perf_counter()
+            with amp.autocast():
+                out = model(xm)
+                loss = loss_fn(out, ym)
+            t1 = time.perf_counter()
+            sync.local_finite = torch.isfinite(loss.detach()) & sync.local_finite  # before the hooks send
+            sync.where("backward")
+            # mean over B/k samples, divided by k: the k micro-batches sum to the mean over B
+            amp.backward(loss * (sync.loss_scale / grad_accum))
+            sync.record("forward", t0, t1)
+            sync.record("backward", t1, time.perf_counter())
+        with torch.no_grad():
+            stats[0] += loss.detach().double() * len(ym)
+            if classification:
+                stats[1] += (out.argmax(1) == ym).sum()
+            stats[2] += len(ym)
+    sync.wait()
+    sync.where("optimizer")
+    t0 = time.perf_counter()
+    finite = sync.finite()
+    if finite:
+        amp.step(optimizer)  # with fp16's scaler: skipped on every rank alike if a gradient overflowed
+    end = time.perf_counter()
+    sync.record("optimizer", t0, end)
+    return Step(end - start - sync.seconds, sync.seconds, stats, finite)
