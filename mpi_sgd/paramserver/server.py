@@ -2,8 +2,9 @@
 
 The loop asks MPI for the next message from any worker (``iprobe``), receives it into that
 worker's own buffer, and answers it; nothing waits for anyone else, and there is no barrier.
-Server 0 (the *lead*) also keeps the budget: it hands out exactly ``evaluations`` gradients in
-all and answers the pushes after that with STOP. Each server applies gradients to its slice with
+Server 0 (the *lead*) also keeps the budget (:mod:`.budget`): it hands out exactly
+``evaluations`` gradients in all, holds the workers that ask for more while another still owes
+one, and stops them once every gradient is applied. Each server applies gradients to its slice with
 the update ``torch.optim.SGD`` makes, operation for operation, so with one worker the arithmetic is
 exactly plain SGD's.
 
@@ -12,8 +13,8 @@ Failure handling, as this server sees it:
 * a worker that sends nothing for ``worker_timeout`` seconds while it owes a push is *lost*:
   it is reported, its unapplied gradient (if any) is dropped and handed out again, and it no
   longer counts for bounded staleness. A lost worker that speaks again is told STOP.
-* a worker kept waiting (by bounded staleness, or stopped until every other worker is) gets a
-  HOLD every ``heartbeat`` seconds, so it can tell a busy server from a dead one.
+* a worker kept waiting (by bounded staleness, by the budget, or stopped until every other
+  worker is) gets a HOLD every ``heartbeat`` seconds, so it can tell a busy server from a dead one.
 * a message that cannot be right (from a non-worker, of the wrong length, a gradient with NaN
   or infinity) raises :class:`~.protocol.ProtocolError`: garbage is not trained on.
 
@@ -30,6 +31,7 @@ from collections import Counter
 import torch
 
 from ..comm.buffers import zeros
+from .budget import Budget
 from .protocol import (
     DONE,
     FINAL,
@@ -52,7 +54,8 @@ from .protocol import (
 )
 from .staleness import Clock, staleness_lr
 
-NEW, COMPUTING, PENDING, FINISHED, LOST = "new", "computing", "pending", "finished", "lost"
+NEW, COMPUTING, PENDING, HELD, FINISHED, LOST = "new", "computing", "pending", "held", "finished", "lost"
+SERVING = (NEW, COMPUTING, PENDING, HELD)  # the loop goes on while any worker is in one of these
 COLLECT = 7031  # server 0 -> other servers, after training: send me your results
 
 
@@ -76,7 +79,7 @@ class Server:
         self.t0 = time.monotonic()
         self.peers = {r: _Peer(r, self.shard, self.t0) for r in range(cfg.servers, comm.size)}
         self.empty = torch.empty(0, dtype=self.shard.dtype)
-        self.granted = 0  # lead only: gradients handed out so far
+        self.budget = Budget(cfg.evaluations) if self.lead else None
         self.staleness: Counter = Counter()
         self.applied_by: Counter = Counter()
         self.lost: dict[int, str] = {}
@@ -94,7 +97,7 @@ class Server:
         if cfg.snapshot_every:
             self._snapshot()
         backoff = Backoff()
-        while any(p.state in (NEW, COMPUTING, PENDING) for p in self.peers.values()):
+        while any(p.state in SERVING for p in self.peers.values()):
             status = self.comm.iprobe(dtype=self.shard.dtype)
             now = time.monotonic()
             if now - last_watch > min(0.05, cfg.heartbeat / 4):
@@ -168,7 +171,7 @@ class Server:
             pending = sorted(
                 (self.clock.outstanding[p.rank], p.rank) for p in self.peers.values() if p.state == PENDING
             )
-            continues = not self.lead or self.granted < self.cfg.evaluations
+            continues = not self.lead or self.budget.open
             rank = next((r for _, r in pending if self.clock.may_apply(r, continues)), None)
             if rank is None:
                 return
@@ -181,7 +184,10 @@ class Server:
         self.applied_by[peer.rank] += 1
         if self.cfg.snapshot_every and self.clock.version % self.cfg.snapshot_every == 0:
             self._snapshot()
+        if self.lead:
+            self.budget.apply(peer.rank)
         self._reply(peer)
+        self._settle()  # the last gradient owed is in: the held workers stop
 
     def _step(self, grad: torch.Tensor, lr: float) -> None:
         """SGD with momentum exactly as ``torch.optim.SGD`` does it (no dampening, no Nesterov).
@@ -198,19 +204,25 @@ class Server:
         self.shard.add_(grad, alpha=-lr)
 
     def _reply(self, peer: _Peer) -> None:
-        """Send ``peer`` the current slice: PARAMS to compute on, or STOP when the budget is spent."""
-        tag = PARAMS
-        if self.lead:
-            if self.granted < self.cfg.evaluations:
-                self.granted += 1
-            else:
-                tag = STOP
+        """Send ``peer`` the current slice to compute on; server 0 may hold or stop it instead."""
+        self._answer(peer, self.budget.ask(peer.rank) if self.lead else PARAMS)
+
+    def _answer(self, peer: _Peer, tag: int) -> None:
+        if tag == HOLD:  # nothing to send yet: _watch sends the heartbeats, _settle the answer
+            peer.state, peer.noted = HELD, time.monotonic()
+            return
         if tag == PARAMS:
             self.clock.hand_out(peer.rank)
             peer.state = COMPUTING
         else:
             peer.state = FINISHED
         self._send(peer, tag, self.shard)
+
+    def _settle(self) -> None:
+        """(server 0) Answer the held workers whose answer the budget now knows."""
+        if self.lead:
+            for rank, tag in self.budget.settle():
+                self._answer(self.peers[rank], tag)
 
     def _send(self, peer: _Peer, tag: int, data: torch.Tensor | None) -> None:
         # The worker spoke after receiving our last message, so that send has completed and this
@@ -240,8 +252,8 @@ class Server:
                 self._lose(
                     peer, f"sent nothing for {now - peer.since:.1f} s (--worker-timeout {self.cfg.worker_timeout:g})"
                 )
-            elif peer.state in (PENDING, FINISHED) and now - peer.noted >= self.cfg.heartbeat:
-                # kept waiting: for the staleness bound, or (stopped) for the others to finish
+            elif peer.state in (PENDING, HELD, FINISHED) and now - peer.noted >= self.cfg.heartbeat:
+                # kept waiting: for the staleness bound, the budget, or (stopped) the others to finish
                 self.notes.append(self._post(self.empty, peer.rank, HOLD))
                 peer.noted = now
         self.notes = [r for r in self.notes if r is not None and in_flight(r)]
@@ -254,10 +266,11 @@ class Server:
         self._retire(peer, LOST)
 
     def _retire(self, peer: _Peer, state: str) -> None:
-        if self.lead and peer.state in (COMPUTING, PENDING):
-            self.granted -= 1  # its gradient was never applied: someone else computes it
+        if self.lead:
+            self.budget.drop(peer.rank)  # a gradient it owed was never applied: a held worker computes it
         peer.state = state
         self.clock.retire(peer.rank)
+        self._settle()
         self._apply_ready()  # it may have been the one others waited for
 
     def _revived(self, peer: _Peer) -> None:
