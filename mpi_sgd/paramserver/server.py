@@ -18,8 +18,10 @@ Failure handling, as this server sees it:
 * a message that cannot be right (from a non-worker, of the wrong length, a gradient with NaN
   or infinity) raises :class:`~.protocol.ProtocolError`: garbage is not trained on.
 
-One class a little over 300 lines, kept whole: its message handlers all read and change the same
-per-worker state, and split apart they would pass that state around instead.
+One class of about 300 lines, kept whole: its message handlers all read and change the same
+per-worker state, and split apart they would pass that state around instead. What has no
+per-worker state lives beside it: the budget's arithmetic in :mod:`.budget`, the results sent
+to server 0 after training in :mod:`.results`.
 """
 
 from __future__ import annotations
@@ -31,8 +33,10 @@ from collections import Counter
 import torch
 
 from ..comm.buffers import zeros
+from . import results
 from .budget import Budget
 from .protocol import (
+    COLLECT,
     DONE,
     FINAL,
     FINAL_LOST,
@@ -41,14 +45,9 @@ from .protocol import (
     NAMES,
     PARAMS,
     PUSH,
-    SHARD,
-    SNAPSHOT_VERSIONS,
-    SNAPSHOTS,
-    STATS,
     STOP,
     Backoff,
     ProtocolError,
-    ServerLost,
     in_flight,
     wait_until,
 )
@@ -56,7 +55,6 @@ from .staleness import Clock, staleness_lr
 
 NEW, COMPUTING, PENDING, HELD, FINISHED, LOST = "new", "computing", "pending", "held", "finished", "lost"
 SERVING = (NEW, COMPUTING, PENDING, HELD)  # the loop goes on while any worker is in one of these
-COLLECT = 7031  # server 0 -> other servers, after training: send me your results
 
 
 class _Peer:
@@ -298,51 +296,7 @@ class Server:
         if self.cfg.snapshot_every and self.snapshots[-1][0] != self.clock.version:
             self._snapshot()
         if not self.lead:
-            self._report()
-
-    def _report(self) -> None:
-        """Another server's results, sent to server 0 when it asks (it may still be serving)."""
-        deadline = time.monotonic() + self.cfg.worker_timeout + self.cfg.server_timeout
-        while not self.collect:
-            status = self.comm.iprobe(0, COLLECT)
-            if status is not None:
-                self._recv(0, self.empty, COLLECT, self.cfg.server_timeout)
-                self.collect = True
-            elif time.monotonic() > deadline:
-                raise ServerLost(f"server rank {self.comm.rank}: server rank 0 never asked for the results")
-            else:
-                time.sleep(1e-3)
-        counts = [self.staleness.get(t, 0) for t in range(max(self.staleness, default=-1) + 1)]
-        stats = torch.tensor([self.clock.version, *counts], dtype=torch.int64)
-        versions = torch.tensor([v for v, _, _ in self.snapshots], dtype=torch.int64)
-        kept = torch.stack([s for _, _, s in self.snapshots]).reshape(-1) if self.snapshots else self.empty
-        sends = [self.comm.isend(buf, 0, tag) for buf, tag in
-                 ((self.shard, SHARD), (stats, STATS), (versions, SNAPSHOT_VERSIONS), (kept, SNAPSHOTS))]  # fmt: skip
-        deadline = time.monotonic() + self.cfg.server_timeout
-        if not all(wait_until(s, deadline) for s in sends):
-            raise ServerLost(f"server rank {self.comm.rank}: server rank 0 did not take the results")
-
-    def collect_from(self, server: int) -> dict:
-        """(server 0) Ask another server for its results and receive them."""
-        self.notes.append(self._post(self.empty, server, COLLECT))
-        wait = self.cfg.worker_timeout + 2 * self.cfg.server_timeout  # it may still be serving
-        out = {}
-        for tag, dtype in ((SHARD, self.shard.dtype), (STATS, torch.int64), (SNAPSHOT_VERSIONS, torch.int64),
-                           (SNAPSHOTS, self.shard.dtype)):  # fmt: skip
-            status = self._await(server, tag, dtype, wait)
-            buf = torch.empty(status.count, dtype=dtype)
-            if not self._recv(server, buf, tag, self.cfg.server_timeout):
-                raise ServerLost(f"server rank {server} stopped sending its results")
-            out[tag] = buf
-        return out
-
-    def _await(self, source: int, tag: int, dtype, seconds: float):
-        deadline, backoff = time.monotonic() + seconds, Backoff()
-        while (status := self.comm.iprobe(source, tag, dtype)) is None:
-            if time.monotonic() > deadline:
-                raise ServerLost(f"server rank {source} sent no {NAMES[tag]} within {seconds:g} s: it is gone")
-            backoff.pause()
-        return status
+            results.send(self)
 
     def _recv(self, source: int, buf, tag: int, seconds: float) -> bool:
         """Receive a message a probe has seen; False if it stops arriving (its sender died mid-way)."""
