@@ -6,7 +6,7 @@ Every message is a buffer; its tag says what it is and a probe tells its sender 
                        PUSH    gradient slice     apply this; it was computed on what you sent me last
                        DONE    (empty)           server 0 stopped me; I will push no more
     server -> worker   PARAMS  parameter slice    the new parameters: compute on
-                       STOP    parameter slice    (server 0) the gradient budget is spent: push no more
+                       STOP    parameter slice    (server 0) every gradient of the budget is in: push no more
                        HOLD    (empty)           you are kept waiting, and I am alive
                        FINAL   parameter slice    training is over: the final parameters
                        FINAL_LOST                 the same, and a rank was lost on the way
