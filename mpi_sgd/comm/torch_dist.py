@@ -22,6 +22,7 @@ an average op and reduce-scatter of its own, so neither needs filling in.
 
 from __future__ import annotations
 
+import atexit
 import datetime
 import os
 import socket
@@ -157,6 +158,10 @@ class TorchDistComm(Communicator):
             world_size=self.size,
             timeout=timeout,
         )
+        if self.backend == "nccl":
+            # NCCL keeps communicators and threads that torch wants released before exit (it warns of
+            # a leak otherwise); runs before mpi4py's MPI_Finalize, which was registered earlier.
+            atexit.register(lambda: dist.is_initialized() and dist.destroy_process_group())
 
     def _reduce_op(self, op: str):
         check_op(op)
