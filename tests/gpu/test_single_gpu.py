@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from mpi_sgd.amp import MixedPrecision
@@ -65,3 +66,10 @@ def test_amp_steps_on_the_gpu_track_float32():
         # a 2-layer net that moves the loss by well under 1%, while a broken scaler or a step skipped
         # for good would leave it near its start (about 20% above the reference's end).
         assert abs(losses[-1] - reference[-1]) < 0.03 * reference[-1], (mode, losses[-1], reference[-1])
+
+
+def test_torch_mpi4py_refuses_gpu_tensors_before_anything_starts():
+    from mpi_sgd.config import TrainConfig
+
+    with pytest.raises(ValueError, match="torch-mpi4py hands MPI host memory only"):
+        TrainConfig(backend="torch-mpi4py", device="cuda").check_machine(1)
