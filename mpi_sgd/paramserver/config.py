@@ -33,7 +33,9 @@ class AsyncConfig:
     lr_by_staleness: bool = _flag(False, "divide the learning rate by max(tau, 1) (Zhang, Gupta, Lian & Liu 2015)")
     worker_timeout: float = _flag(10.0, "seconds of silence after which a server declares a worker lost")
     server_timeout: float = _flag(5.0, "seconds without a reply after which a worker declares a server lost")
-    heartbeat: float = _flag(1.0, "seconds between the 'still holding you' messages to workers kept waiting")
+    heartbeat: float = _flag(
+        1.0, "seconds between the 'still holding you' messages to workers kept waiting (< both timeouts)"
+    )
     straggler_ms: float = _flag(0.0, "slow one worker down: it sleeps this long after each gradient")
     straggler_rank: int = _flag(UNBOUNDED, "the rank --straggler-ms slows (-1: the last rank)")
     snapshot_every: int = _flag(0, "keep the parameters every this many versions, for loss curves (0: never)")
@@ -57,6 +59,11 @@ class AsyncConfig:
             self.heartbeat < self.server_timeout,
             f"--heartbeat ({self.heartbeat}) must be shorter than --server-timeout ({self.server_timeout}), "
             "or a worker kept waiting would give up on a live server",
+        )
+        check(
+            self.heartbeat < self.worker_timeout,
+            f"--heartbeat ({self.heartbeat}) must be shorter than --worker-timeout ({self.worker_timeout}): a "
+            "worker one server keeps waiting passes each heartbeat on to the others, its only word to them",
         )
         check(self.straggler_ms >= 0, f"--straggler-ms must be >= 0, got {self.straggler_ms}")
         check(self.snapshot_every >= 0, f"--snapshot-every must be >= 0, got {self.snapshot_every}")

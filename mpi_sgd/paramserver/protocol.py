@@ -5,6 +5,8 @@ Every message is a buffer; its tag says what it is and a probe tells its sender 
     worker -> server   HELLO   (empty)           send me the parameters
                        PUSH    gradient slice     apply this; it was computed on what you sent me last
                        DONE    (empty)           server 0 stopped me; I will push no more
+                       WAITING (empty)           another server keeps me waiting (it sent me a HOLD):
+                                                 I am alive, and compute nothing until it answers
     server -> worker   PARAMS  parameter slice    the new parameters: compute on
                        STOP    parameter slice    (server 0) every gradient of the budget is in: push no more
                        HOLD    (empty)           you are kept waiting, and I am alive
@@ -24,12 +26,12 @@ from __future__ import annotations
 
 import time
 
-HELLO, PUSH, DONE = 7001, 7002, 7003
+HELLO, PUSH, DONE, WAITING = 7001, 7002, 7003, 7004
 PARAMS, STOP, HOLD, FINAL, FINAL_LOST = 7011, 7012, 7013, 7014, 7015
 SHARD, STATS, SNAPSHOT_VERSIONS, SNAPSHOTS = 7021, 7022, 7023, 7024
 COLLECT = 7031
-NAMES = {HELLO: "HELLO", PUSH: "PUSH", DONE: "DONE", PARAMS: "PARAMS", STOP: "STOP", HOLD: "HOLD",
-         FINAL: "FINAL", FINAL_LOST: "FINAL_LOST", SHARD: "SHARD", STATS: "STATS",
+NAMES = {HELLO: "HELLO", PUSH: "PUSH", DONE: "DONE", WAITING: "WAITING", PARAMS: "PARAMS", STOP: "STOP",
+         HOLD: "HOLD", FINAL: "FINAL", FINAL_LOST: "FINAL_LOST", SHARD: "SHARD", STATS: "STATS",
          SNAPSHOT_VERSIONS: "SNAPSHOT_VERSIONS", SNAPSHOTS: "SNAPSHOTS", COLLECT: "COLLECT"}  # fmt: skip
 
 

@@ -12,7 +12,8 @@ Failure handling, as this server sees it:
 
 * a worker that sends nothing for ``worker_timeout`` seconds while it owes a push is *lost*:
   it is reported, its unapplied gradient (if any) is dropped and handed out again, and it no
-  longer counts for bounded staleness. A lost worker that speaks again is told STOP.
+  longer counts for bounded staleness. A lost worker that speaks again is told STOP. A worker
+  that another server keeps waiting says so (WAITING), and is not silent (:mod:`.peers`).
 * a worker kept waiting (by bounded staleness, by the budget, or stopped until every other
   worker is) gets a HOLD every ``heartbeat`` seconds, so it can tell a busy server from a dead one.
 * a message that cannot be right (from a non-worker, of the wrong length, a gradient with NaN
@@ -20,8 +21,9 @@ Failure handling, as this server sees it:
 
 One class of about 300 lines, kept whole: its message handlers all read and change the same
 per-worker state, and split apart they would pass that state around instead. What has no
-per-worker state lives beside it: the budget's arithmetic in :mod:`.budget`, the results sent
-to server 0 after training in :mod:`.results`.
+per-worker state lives beside it: the budget's arithmetic in :mod:`.budget`, when a worker's
+silence means it is lost in :mod:`.peers`, the results sent to server 0 after training in
+:mod:`.results`.
 """
 
 from __future__ import annotations
@@ -32,9 +34,9 @@ from collections import Counter
 
 import torch
 
-from ..comm.buffers import zeros
 from . import results
 from .budget import Budget
+from .peers import COMPUTING, FINISHED, HELD, LOST, NEW, PENDING, SERVING, Peer
 from .protocol import (
     COLLECT,
     DONE,
@@ -46,25 +48,13 @@ from .protocol import (
     PARAMS,
     PUSH,
     STOP,
+    WAITING,
     Backoff,
     ProtocolError,
     in_flight,
     wait_until,
 )
 from .staleness import Clock, staleness_lr
-
-NEW, COMPUTING, PENDING, HELD, FINISHED, LOST = "new", "computing", "pending", "held", "finished", "lost"
-SERVING = (NEW, COMPUTING, PENDING, HELD)  # the loop goes on while any worker is in one of these
-
-
-class _Peer:
-    """One worker as one server sees it."""
-
-    def __init__(self, rank: int, like: torch.Tensor, now: float):
-        self.rank, self.state, self.since, self.noted = rank, NEW, now, now
-        self.grad = zeros(like.numel(), like.dtype)  # its pushes land here
-        self.reply = zeros(like.numel(), like.dtype)  # a copy of the slice it is sent, stable while in flight
-        self.sending = None
 
 
 class Server:
@@ -75,7 +65,7 @@ class Server:
         self.velocity = None  # momentum buffer
         self.clock = Clock(cfg.max_staleness if cfg.bounded else None)
         self.t0 = time.monotonic()
-        self.peers = {r: _Peer(r, self.shard, self.t0) for r in range(cfg.servers, comm.size)}
+        self.peers = {r: Peer(r, self.shard, self.t0) for r in range(cfg.servers, comm.size)}
         self.empty = torch.empty(0, dtype=self.shard.dtype)
         self.budget = Budget(cfg.evaluations) if self.lead else None
         self.staleness: Counter = Counter()
@@ -120,22 +110,24 @@ class Server:
                                 f"{status.source}, which is not a worker")  # fmt: skip
         if status.tag == PUSH:
             self._push(peer, status.count)
-        elif status.tag in (HELLO, DONE):
+        elif status.tag in (HELLO, DONE, WAITING):
             self._recv(peer.rank, self.empty, status.tag, self.cfg.worker_timeout)
             if status.tag == HELLO:
                 self._hello(peer)
-            else:
+            elif status.tag == DONE:
                 self._done(peer)
+            else:  # another server keeps it waiting: alive, though it sends us nothing (see .peers)
+                peer.waiting(time.monotonic())
         else:
             raise ProtocolError(f"server rank {self.comm.rank}: unknown tag {status.tag} from rank {peer.rank}")
 
-    def _hello(self, peer: _Peer) -> None:
+    def _hello(self, peer: Peer) -> None:
         if peer.state == LOST:
             return self._revived(peer)
         self._expect(peer, NEW, "HELLO")
         self._reply(peer)
 
-    def _push(self, peer: _Peer, count: int) -> None:
+    def _push(self, peer: Peer, count: int) -> None:
         if count != self.shard.numel():
             raise ProtocolError(f"rank {peer.rank} pushed {count} values to server rank {self.comm.rank}, which "
                                 f"owns {self.shard.numel()}: the ranks disagree on the model")  # fmt: skip
@@ -152,13 +144,13 @@ class Server:
         peer.noted = time.monotonic()
         self._apply_ready()
 
-    def _done(self, peer: _Peer) -> None:
+    def _done(self, peer: Peer) -> None:
         if peer.state == LOST:
             return
         self._expect(peer, COMPUTING, "DONE")
         self._retire(peer, FINISHED)
 
-    def _expect(self, peer: _Peer, state: str, what: str) -> None:
+    def _expect(self, peer: Peer, state: str, what: str) -> None:
         if peer.state != state:
             raise ProtocolError(f"server rank {self.comm.rank}: {what} from rank {peer.rank}, which is {peer.state}")
 
@@ -175,7 +167,7 @@ class Server:
                 return
             self._apply(self.peers[rank])
 
-    def _apply(self, peer: _Peer) -> None:
+    def _apply(self, peer: Peer) -> None:
         tau = self.clock.apply(peer.rank)
         self._step(peer.grad, staleness_lr(self.cfg.lr, tau, self.cfg.lr_by_staleness))
         self.staleness[tau] += 1
@@ -201,11 +193,11 @@ class Server:
             grad = self.velocity
         self.shard.add_(grad, alpha=-lr)
 
-    def _reply(self, peer: _Peer) -> None:
+    def _reply(self, peer: Peer) -> None:
         """Send ``peer`` the current slice to compute on; server 0 may hold or stop it instead."""
         self._answer(peer, self.budget.ask(peer.rank) if self.lead else PARAMS)
 
-    def _answer(self, peer: _Peer, tag: int) -> None:
+    def _answer(self, peer: Peer, tag: int) -> None:
         if tag == HOLD:  # nothing to send yet: _watch sends the heartbeats, _settle the answer
             peer.state, peer.noted = HELD, time.monotonic()
             return
@@ -222,7 +214,7 @@ class Server:
             for rank, tag in self.budget.settle():
                 self._answer(self.peers[rank], tag)
 
-    def _send(self, peer: _Peer, tag: int, data: torch.Tensor | None) -> None:
+    def _send(self, peer: Peer, tag: int, data: torch.Tensor | None) -> None:
         # The worker spoke after receiving our last message, so that send has completed and this
         # returns at once; only a worker that died with it half-received makes it time out.
         if peer.sending is not None and not wait_until(peer.sending, time.monotonic() + self.cfg.worker_timeout):
@@ -246,24 +238,25 @@ class Server:
     # -- failures -------------------------------------------------------------------------------
     def _watch(self, now: float) -> None:
         for peer in self.peers.values():
-            if peer.state in (NEW, COMPUTING) and now - peer.since > self.cfg.worker_timeout:
+            due = peer.due(now, self.cfg.worker_timeout, self.cfg.heartbeat)
+            if due == LOST:
                 self._lose(
                     peer, f"sent nothing for {now - peer.since:.1f} s (--worker-timeout {self.cfg.worker_timeout:g})"
                 )
-            elif peer.state in (PENDING, HELD, FINISHED) and now - peer.noted >= self.cfg.heartbeat:
+            elif due == HOLD:
                 # kept waiting: for the staleness bound, the budget, or (stopped) the others to finish
                 self.notes.append(self._post(self.empty, peer.rank, HOLD))
                 peer.noted = now
         self.notes = [r for r in self.notes if r is not None and in_flight(r)]
 
-    def _lose(self, peer: _Peer, why: str) -> None:
+    def _lose(self, peer: Peer, why: str) -> None:
         self.lost[peer.rank] = why
         print(f"server rank {self.comm.rank}: lost worker rank {peer.rank}: {why}; carrying on with "
-              f"{sum(p.state not in (LOST, FINISHED) for p in self.peers.values()) - 1} worker(s)",
+              f"{sum(p.state not in (LOST, FINISHED) for p in self.peers.values() if p is not peer)} worker(s)",
               file=sys.stderr, flush=True)  # fmt: skip
         self._retire(peer, LOST)
 
-    def _retire(self, peer: _Peer, state: str) -> None:
+    def _retire(self, peer: Peer, state: str) -> None:
         if self.lead:
             self.budget.drop(peer.rank)  # a gradient it owed was never applied: a held worker computes it
         peer.state = state
@@ -271,7 +264,7 @@ class Server:
         self._settle()
         self._apply_ready()  # it may have been the one others waited for
 
-    def _revived(self, peer: _Peer) -> None:
+    def _revived(self, peer: Peer) -> None:
         """A worker given up for lost speaks again: tell it to stop; it is no longer counted on."""
         print(f"server rank {self.comm.rank}: worker rank {peer.rank}, given up for lost, spoke again: stopped",
               file=sys.stderr, flush=True)  # fmt: skip

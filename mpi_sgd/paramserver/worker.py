@@ -6,7 +6,9 @@ backward put it. Worker ``i`` of ``W`` reads its share of every epoch's shuffled
 partition the synchronous trainer uses at ``W`` ranks) and goes through its own epochs at its own
 pace. After a push it waits for a reply from every server, with a deadline: no word from a server
 for ``server_timeout`` seconds (a HOLD counts as a word) means the server is gone, and
-:class:`~.protocol.ServerLost` says which.
+:class:`~.protocol.ServerLost` says which. A HOLD from one server is passed on to the others
+(WAITING): they hear nothing else from a worker kept waiting, and would take it for dead
+(:mod:`.peers`).
 """
 
 from __future__ import annotations
@@ -28,9 +30,11 @@ from .protocol import (
     PARAMS,
     PUSH,
     STOP,
+    WAITING,
     Backoff,
     ProtocolError,
     ServerLost,
+    in_flight,
     wait_until,
 )
 
@@ -46,6 +50,7 @@ class Worker:
         self.delay = cfg.straggler_ms / 1e3 if cfg.straggler(comm.size) == comm.rank else 0.0
         self.steps = 0  # gradients computed and pushed
         self.lost = False  # a server told us a rank was lost on the way
+        self.notes: list = []  # WAITING messages in flight
         self._warm_up()
 
     def _warm_up(self) -> None:
@@ -90,7 +95,7 @@ class Worker:
         """One reply from every server, its slice received into the model; the servers that said STOP."""
         stopped = set()
         for s in self.servers:
-            status = self._await(s)
+            status = self._await(s, training=PARAMS in expected)
             if status.tag not in expected:
                 raise ProtocolError(f"worker rank {self.comm.rank}: {NAMES.get(status.tag, status.tag)} from "
                                     f"server rank {s}, expected {' or '.join(NAMES[t] for t in expected)}")  # fmt: skip
@@ -103,8 +108,13 @@ class Worker:
             self.lost |= status.tag == FINAL_LOST
         return stopped
 
-    def _await(self, server: int):
-        """The next message from ``server``, past any HOLDs; ServerLost after ``server_timeout`` of silence."""
+    def _await(self, server: int, training: bool):
+        """The next message from ``server``, past any HOLDs; ServerLost after ``server_timeout`` of silence.
+
+        While ``training``, each HOLD is passed on to the other servers, which have answered our
+        push (or will) and would otherwise wait for the next one in vain. Once stopped, every
+        server holds us itself and nothing needs passing on.
+        """
         timeout = self.cfg.server_timeout
         deadline, backoff = time.monotonic() + timeout, Backoff()
         while True:
@@ -117,6 +127,9 @@ class Worker:
             elif status.tag == HOLD:  # kept waiting (staleness bound, budget): the server is alive
                 self.comm.recv(self.empty, server, HOLD)
                 deadline = time.monotonic() + timeout
+                if training:
+                    others = [self._post(self.empty, s, WAITING) for s in self.servers if s != server]
+                    self.notes = [r for r in self.notes if in_flight(r)] + others
             else:
                 return status
 
