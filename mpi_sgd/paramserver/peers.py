@@ -12,12 +12,15 @@ A worker speaks only when it has something to say, so a server judges its silenc
 
 With several servers one of them may keep a worker waiting while another, which has answered its
 push, sees it ``COMPUTING``: server 0 holds it for the budget, or one server's staleness bound
-keeps its push pending. The worker then sends nothing to the others, since it computes nothing
-until every server has answered. So it passes each HOLD it gets on to the other servers
-(``WAITING``), and :meth:`Peer.waiting` starts its silence afresh there: a worker that is alive
-and merely held is never declared lost by any server. A dead one stops passing HOLDs on and is
-lost as before. Between two WAITINGs lie a heartbeat and one period of the server's watch,
-which is why the heartbeat must be shorter than the worker timeout.
+keeps its push pending. The worker sends nothing to the others meanwhile, since it computes
+nothing until every server has answered. So it passes each HOLD it gets on to the other servers
+(``WAITING``), and once answered tells every server the same again; :meth:`Peer.waiting` starts
+its silence afresh. Server 0 sends its first HOLD the moment it holds a worker, so a worker held
+for the budget is never silent toward any server for longer than a heartbeat (plus one period of
+the server's watch) while held, nor for longer than its own step after: alive and merely held,
+it is never declared lost, and a dead one stops passing HOLDs on and is lost as before. Hence
+the heartbeat must be shorter than the worker timeout. (A staleness bound's wait shorter than a
+heartbeat brings no HOLD: the other servers then see that wait plus one step of silence.)
 """
 
 from __future__ import annotations

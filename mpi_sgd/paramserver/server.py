@@ -198,8 +198,9 @@ class Server:
         self._answer(peer, self.budget.ask(peer.rank) if self.lead else PARAMS)
 
     def _answer(self, peer: Peer, tag: int) -> None:
-        if tag == HOLD:  # nothing to send yet: _watch sends the heartbeats, _settle the answer
+        if tag == HOLD:  # said at once, for it to tell the other servers (.peers); _settle sends the answer
             peer.state, peer.noted = HELD, time.monotonic()
+            self.notes.append(self._post(self.empty, peer.rank, HOLD))
             return
         if tag == PARAMS:
             self.clock.hand_out(peer.rank)

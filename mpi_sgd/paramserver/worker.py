@@ -50,6 +50,7 @@ class Worker:
         self.delay = cfg.straggler_ms / 1e3 if cfg.straggler(comm.size) == comm.rank else 0.0
         self.steps = 0  # gradients computed and pushed
         self.lost = False  # a server told us a rank was lost on the way
+        self.held = False  # a server kept us waiting (sent a HOLD) in this round of replies
         self.notes: list = []  # WAITING messages in flight
         self._warm_up()
 
@@ -93,9 +94,9 @@ class Worker:
 
     def _replies(self, expected: tuple[int, ...]) -> set[int]:
         """One reply from every server, its slice received into the model; the servers that said STOP."""
-        stopped = set()
+        stopped, training, self.held = set(), PARAMS in expected, False
         for s in self.servers:
-            status = self._await(s, training=PARAMS in expected)
+            status = self._await(s, training)
             if status.tag not in expected:
                 raise ProtocolError(f"worker rank {self.comm.rank}: {NAMES.get(status.tag, status.tag)} from "
                                     f"server rank {s}, expected {' or '.join(NAMES[t] for t in expected)}")  # fmt: skip
@@ -106,14 +107,16 @@ class Worker:
                 raise ServerLost(f"worker rank {self.comm.rank}: server rank {s} stopped in the middle of a message")
             stopped |= {s} if status.tag == STOP else set()
             self.lost |= status.tag == FINAL_LOST
+        if self.held and not stopped:  # released: every server counts our silence from now, not from its reply
+            self._waiting(self.servers)
         return stopped
 
     def _await(self, server: int, training: bool):
         """The next message from ``server``, past any HOLDs; ServerLost after ``server_timeout`` of silence.
 
         While ``training``, each HOLD is passed on to the other servers, which have answered our
-        push (or will) and would otherwise wait for the next one in vain. Once stopped, every
-        server holds us itself and nothing needs passing on.
+        push (or will) and would otherwise wait for the next one in vain (:mod:`.peers`). Once
+        stopped, every server holds us itself and nothing needs passing on.
         """
         timeout = self.cfg.server_timeout
         deadline, backoff = time.monotonic() + timeout, Backoff()
@@ -128,10 +131,14 @@ class Worker:
                 self.comm.recv(self.empty, server, HOLD)
                 deadline = time.monotonic() + timeout
                 if training:
-                    others = [self._post(self.empty, s, WAITING) for s in self.servers if s != server]
-                    self.notes = [r for r in self.notes if in_flight(r)] + others
+                    self.held = True
+                    self._waiting([s for s in self.servers if s != server])
             else:
                 return status
+
+    def _waiting(self, servers) -> None:
+        """Tell ``servers`` that we are, or were until now, kept waiting by a server: alive, not computing."""
+        self.notes = [r for r in self.notes if in_flight(r)] + [self._post(self.empty, s, WAITING) for s in servers]
 
     def _post(self, buf, server: int, tag: int):
         try:
