@@ -27,7 +27,8 @@ that a dead peer could leave hanging:
 * *A server dies*: its workers hear nothing for ``server_timeout`` seconds (5 by default; a
   server keeping a worker waiting sends a HOLD every ``heartbeat`` seconds, so waiting is not
   silence), print which server is gone and ``MPI_Abort`` the job: it ends within about
-  ``server_timeout`` plus one step.
+  ``server_timeout`` plus one step. A worker passes the HOLDs of one server on to the others,
+  so being kept waiting is not silence to them either (:mod:`.peers`).
 
 What the launcher allows on top of that (MPICH 5's hydra ``mpiexec``; read in its proxy source
 and checked here):
