@@ -36,6 +36,7 @@ from .amp import MixedPrecision
 from .comm import split_counts
 from .config import TrainConfig
 from .gradsync import GradSync
+from .launch import processes_line
 from .models import build_model
 from .step import Step, TrainingDiverged, make_optimizer, train_step
 from .timing import WARMUP_STEPS, chrome_trace
@@ -86,7 +87,9 @@ class Trainer:
         torch.manual_seed(cfg.seed)
         model = build_model(cfg.model, tuple(dataset.x.shape[1:]), dataset.num_outputs)
         model = model.to(dataset.x.device, dataset.x.dtype)
-        agree.check_start(comm, cfg, dataset, val)
+        processes = agree.check_start(comm, cfg, dataset, val)
+        if comm.is_root:  # flushed now: a rank killed later takes unflushed output with it
+            print(processes_line(processes), flush=True)
         gradsync.broadcast_parameters(model, comm)
         torch.manual_seed(cfg.seed + comm.rank)
         events = [] if cfg.timeline else None
@@ -178,16 +181,17 @@ class Trainer:
         elif bad_grad:
             what = f"non-finite gradient {where} on {_ranks(bad_grad)} (loss finite there)"
         else:
-            what = f"non-finite gradient {where}: every rank's own gradient was finite before sending; the sum is not: "
+            own = "every rank's own gradient was finite before sending"
             if tampered:
-                what += "corrupted in transit by " + "; ".join(f"rank {r} ({t})" for r, t in tampered)
+                what = f"non-finite gradient {where}: corrupted in transit by "
+                what += "; ".join(f"rank {r} ({t})" for r, t in tampered) + f"; {own}"
             elif everyone[0][2]:
-                what += (
-                    "it holds NaN, which finite numbers do not sum to (they overflow to inf): corrupted in "
-                    "transit, and a sum cannot tell whose contribution was"
+                what = (
+                    f"non-finite gradient {where}: the sum holds NaN though {own}: corrupted in transit (finite "
+                    "numbers overflow to inf, not NaN), and a sum cannot tell whose contribution was bad"
                 )
             else:
-                what += "it overflowed to inf (gradients too large to add up)"
+                what = f"non-finite gradient {where}: the sum overflowed to inf though {own} (too large to add up)"
         # Skipping helps with a bad batch; not once the parameters themselves are the cause (then
         # every later step fails as well, since skipped steps leave them as they are).
         self.skipped_in_a_row = self.skipped_in_a_row + 1 if self._last_skipped == self.step else 1
