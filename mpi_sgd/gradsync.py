@@ -43,6 +43,7 @@ flag) and differ by a few dozen lines each; split apart they would import each o
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 
 import torch
@@ -79,7 +80,7 @@ class GradSync:
         self._loss_flag: torch.Tensor | None = None  # 0, or NaN once a loss of this step was not finite
         self._sums: list[torch.Tensor] = []  # this rank's gradient sums this step, taken before sending
         self._sent: list[torch.Tensor] | None = None  # what this step reduced; None outside a checked step
-        self._reduced: list[torch.Tensor] = []  # what a step found non-finite reduced, kept for diagnose()
+        self._reduced: list[torch.Tensor] = []  # what a step found non-finite reduced, for reduced_has_nan()
 
     # -- non-finite values ride in the gradient all-reduce itself -----------------------------
     def begin_step(self) -> None:
@@ -105,27 +106,33 @@ class GradSync:
         reach the same verdict at the same step with no message of their own (the flag is folded
         into the collective; Megatron reduces a separate flag with MAX instead).
 
-        Cost: the sum reads the buffer once; then a single in-place add writes element 0, with
-        ``alpha=0``: it adds 0 when the sum is finite (bits unchanged) and NaN when it is not, so no
-        branch and no read of the verdict on the normal path (tensor operations only, so a GPU never
-        waits). The sums are kept: after a non-finite step they tell whether this rank's own
-        gradients were to blame (:attr:`local_finite`), which the reduced sums cannot.
+        Cost: the sum reads the buffer once; the rest is kept to the fewest tensor calls, since on a
+        small model each call's fixed cost (microseconds) adds up to more than the sum. On the CPU
+        the sum is done when it returns, so its verdict is read as a number and element 0 written
+        only when it is bad. On a GPU reading it would wait for the kernel, so element 0 gets one
+        in-place add with ``alpha=0`` instead: +0 when the sum is finite (bits unchanged), NaN when
+        not (0 * inf is NaN): no branch, no wait. The sums are kept: after a non-finite step they
+        tell whether this rank's own gradients were to blame (:attr:`local_finite`), which the
+        reduced sums cannot.
         """
-        if self._sent is not None:
-            total = buf.sum()
-            self._sums.append(total)
-            if self._loss_flag is not None:
-                total = total + self._loss_flag
+        if self._sent is None:
+            return buf
+        total = buf.sum()
+        self._sums.append(total)
+        loss = self._loss_flag
+        if buf.device.type != "cpu":
             firsts = buf.view(-1)[:: buf.numel() // shards][:shards] if shards > 1 else buf.view(-1)[:1]
-            firsts.add_(total, alpha=0)
-            self._sent.append(buf if result is None else result)
+            firsts.add_(total if loss is None else total + loss, alpha=0)
+        elif not (math.isfinite(total) and (loss is None or math.isfinite(loss))):
+            buf.view(-1)[:: buf.numel() // shards][:shards] = float("nan")  # element 0 of every shard
+        self._sent.append(buf if result is None else result)
         return buf
 
     def finite(self) -> bool:
         """After :meth:`wait`: whether every rank's loss and gradients were finite this step.
 
-        The same answer on every rank, read from element 0 of each reduced buffer. (A sum of finite
-        gradients that overflows counts as non-finite: it is.)
+        The same answer on every rank, read from element 0 of each reduced buffer (one read of them
+        all on a GPU). (A sum of finite gradients that overflows counts as non-finite: it is.)
         """
         sent, self._sent = self._sent, None
         if sent is None:
@@ -133,7 +140,10 @@ class GradSync:
         if not sent:  # nothing was communicated (LocalGradients): this rank alone, the same cheap sums
             self._sums = [p.grad.sum() for p in self.params if p.grad is not None]
             return self.local_finite
-        ok = bool(torch.isfinite(torch.cat([b.view(-1)[:1] for b in sent])).all())
+        if sent[0].device.type == "cpu":
+            ok = all(math.isfinite(b.view(-1)[0]) for b in sent)
+        else:
+            ok = bool(torch.isfinite(torch.cat([b.view(-1)[:1] for b in sent])).all())
         if not ok:
             self._reduced = sent
         return ok

@@ -98,6 +98,26 @@ def test_a_gradient_nan_anywhere_reaches_element_0_of_what_is_sent(strategy):
     assert sync.finite() and sync.local_finite
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="no GPU: the branch-free flag of a GPU"))])  # fmt: skip
+def test_the_flag_lands_in_element_0_of_every_shard_and_only_when_needed(device):
+    # ZeRO reduce-scatters in shards: each shard's element 0 carries the flag (its owner reads it).
+    sync = gradsync.LocalGradients(build_model("ffnet", (6,), 1))
+    clean = torch.arange(12.0, device=device)
+    for bad, loss in ((None, 1.0), (None, float("inf")), (7, 1.0)):
+        buf = clean.clone()
+        if bad is not None:
+            buf[bad] = float("-inf")
+        sync.begin_step()
+        sync.note_loss(torch.tensor(loss, device=device))
+        sync.outgoing(buf, shards=3, result=buf[4:8])
+        if bad is None and loss == 1.0:
+            assert torch.equal(buf, clean) and sync.finite() and sync.local_finite  # finite: bits unchanged
+        else:
+            assert torch.isnan(buf[[0, 4, 8]]).all() and not torch.isnan(buf[[1, 2, 3, 5, 6, 9, 10, 11]]).any()
+            assert not sync.finite() and not sync.local_finite
+
+
 def test_world_size_1_without_communication_checks_its_own_gradients():
     model = build_model("ffnet", (6,), 1).double()
     sync = gradsync.LocalGradients(model)
