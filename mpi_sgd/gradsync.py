@@ -77,7 +77,8 @@ class GradSync:
         self.events = events  # (name, start, duration) tuples when a timeline is wanted
         self._last = True
         self.check_finite = True  # see outgoing()
-        self._loss_flag: torch.Tensor | None = None  # 0, or NaN once a loss of this step was not finite
+        self._loss_flag: torch.Tensor | None = None  # GPU: 0, or NaN once a loss of this step was not finite
+        self._loss_ok = True  # CPU: every loss of this step was finite
         self._sums: list[torch.Tensor] = []  # this rank's gradient sums this step, taken before sending
         self._sent: list[torch.Tensor] | None = None  # what this step reduced; None outside a checked step
         self._reduced: list[torch.Tensor] = []  # what a step found non-finite reduced, for reduced_has_nan()
@@ -86,12 +87,16 @@ class GradSync:
     def begin_step(self) -> None:
         """Start a checked step (:func:`mpi_sgd.trainer.train_step` does): :meth:`finite` ends it.
         Outside a checked step (code driving a strategy by hand) :meth:`outgoing` does nothing."""
-        self._loss_flag, self._sums, self._reduced = None, [], []
+        self._loss_flag, self._loss_ok, self._sums, self._reduced = None, True, [], []
         self._sent = [] if self.check_finite else None
 
     def note_loss(self, loss: torch.Tensor) -> None:
         """Before a micro-batch's backward: remember whether its loss is finite, for :meth:`outgoing`."""
-        if self._sent is not None:
+        if self._sent is None:
+            return
+        if loss.device.type == "cpu":  # reading a CPU number costs nothing
+            self._loss_ok = self._loss_ok and math.isfinite(loss.item())
+        else:  # reading it would wait for the GPU: a flag tensor instead
             flag = loss.detach() * 0  # 0, or NaN: 0 * inf and 0 * NaN are NaN
             self._loss_flag = flag if self._loss_flag is None else self._loss_flag + flag
 
@@ -119,11 +124,13 @@ class GradSync:
             return buf
         total = buf.sum()
         self._sums.append(total)
-        loss = self._loss_flag
+        loss = self._loss_flag  # (the loss is on the gradients' device: one of these two is unused)
         if buf.device.type != "cpu":
+            if loss is not None or not self._loss_ok:
+                total = total + (loss if self._loss_ok else float("nan"))
             firsts = buf.view(-1)[:: buf.numel() // shards][:shards] if shards > 1 else buf.view(-1)[:1]
-            firsts.add_(total if loss is None else total + loss, alpha=0)
-        elif not (math.isfinite(total) and (loss is None or math.isfinite(loss))):
+            firsts.add_(total, alpha=0)
+        elif not (math.isfinite(total) and self._loss_ok and (loss is None or math.isfinite(loss))):
             buf.view(-1)[:: buf.numel() // shards][:shards] = float("nan")  # element 0 of every shard
         self._sent.append(buf if result is None else result)
         return buf
@@ -141,7 +148,7 @@ class GradSync:
             self._sums = [p.grad.sum() for p in self.params if p.grad is not None]
             return self.local_finite
         if sent[0].device.type == "cpu":
-            ok = all(math.isfinite(b.view(-1)[0]) for b in sent)
+            ok = all(math.isfinite(_first(b)) for b in sent)
         else:
             ok = bool(torch.isfinite(torch.cat([b.view(-1)[:1] for b in sent])).all())
         if not ok:
@@ -153,7 +160,7 @@ class GradSync:
         """After a step: whether this rank's own losses and gradients were finite, before sending.
         Reads every kept flag (a GPU waits): for the slow path after :meth:`finite` said no."""
         flags = self._sums + ([self._loss_flag] if self._loss_flag is not None else [])
-        return all(bool(torch.isfinite(f)) for f in flags)
+        return self._loss_ok and all(bool(torch.isfinite(f)) for f in flags)
 
     def reduced_has_nan(self) -> bool:
         """After :meth:`finite` said no: whether the reduced gradients hold a NaN anywhere but the flag
@@ -185,6 +192,11 @@ class GradSync:
         """Add an event to the timeline, if one is kept (the trainer's steps add theirs too)."""
         if self.events is not None:
             self.events.append((name, start, end - start))
+
+
+def _first(t: torch.Tensor) -> float:
+    """Element 0 of a CPU tensor, read through numpy where it can be (a tensor call costs more)."""
+    return t.numpy().flat[0] if t.dtype in (torch.float32, torch.float64) else t.view(-1)[0].item()
 
 
 class LocalGradients(GradSync):
