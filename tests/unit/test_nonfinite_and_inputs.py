@@ -141,12 +141,16 @@ class Corrupting(CommWrapper):
         return buf.add_(self.value)
 
 
+OWN = "every rank's own gradient was finite"
+
+
 @pytest.mark.parametrize(
     ("comm", "message"),
     [
-        (FaultComm(LocalComm(), Fault(0, 3, "nan")), "in step 3 (epoch 0): corrupted in transit by rank 0 (MPI_SGD_FAULT=0:3:nan replaced"),
-        (Corrupting(LocalComm(), float("nan")), "in step 1 (epoch 0): the sum holds NaN though every rank's own gradient was finite"),
-        (Corrupting(LocalComm(), float("inf")), "in step 1 (epoch 0): the sum overflowed to inf though every rank's own gradient was finite"),
+        (FaultComm(LocalComm(), Fault(0, 3, "nan")),
+         "in step 3 (epoch 0): corrupted in transit by rank 0 (MPI_SGD_FAULT=0:3:nan replaced"),
+        (Corrupting(LocalComm(), float("nan")), f"in step 1 (epoch 0): the sum holds NaN though {OWN}"),
+        (Corrupting(LocalComm(), float("inf")), f"in step 1 (epoch 0): the sum overflowed to inf though {OWN}"),
     ],
     ids=["injected", "nan", "inf"],
 )  # fmt: skip
