@@ -23,7 +23,7 @@ from dataclasses import asdict
 
 import torch
 
-from .launch import JobError
+from .launch import JobError, process_id
 
 # Flags that may differ between ranks: which GPU a rank uses, and whether it draws a progress bar.
 LOCAL_FIELDS = ("progress",)
@@ -81,9 +81,15 @@ def compare(everyone: list[dict[str, str]]) -> list[str]:
     return problems
 
 
-def check_start(comm, cfg, dataset, val) -> None:
-    """Raise :class:`ConfigMismatch` on every rank alike if the ranks' flags or data differ."""
-    _raise_if(compare(comm.allgather_obj(start_fields(cfg, dataset, val))))
+def check_start(comm, cfg, dataset, val) -> list[str]:
+    """Raise :class:`ConfigMismatch` on every rank alike if the ranks' flags or data differ.
+
+    Returns every rank's process as ``PID@HOST`` (:func:`mpi_sgd.launch.process_id`), by rank: the
+    same all-gather carries it, for the start line that maps a launcher's PIDs to ranks.
+    """
+    everyone = comm.allgather_obj((start_fields(cfg, dataset, val), process_id()))
+    _raise_if(compare([fields for fields, _ in everyone]))
+    return [process for _, process in everyone]
 
 
 def check_layout(comm, sync) -> None:

@@ -4,10 +4,14 @@ Each case launches a real two-rank job of a training script (``--script``, e.g. 
 ``sync_sgd.py``) with one thing wrong: a fault injected on rank 1 (``MPI_SGD_FAULT``, see
 :mod:`mpi_sgd.comm.faults`), a bad argument, a dataset too small for the batch, a hostfile that
 does not exist; then the checkpoint kill drills (:data:`DRILLS`). A case passes when the job
-ends with the status it should, prints a message naming the cause (and the rank, where one rank
-is to blame), and ends within its bound: seconds after the fault for injected ones (read from
+ends with the status it should, prints a message naming the cause (and, for every injected fault,
+the rank to blame: rank 1), and ends within its bound: seconds after the fault for injected ones (read from
 the line the faulty rank prints as it acts), from the launch for the rest. Stall cases run with
 ``--stall-timeout`` seconds of patience, so their bound is that plus the same 10 seconds.
+
+A rank killed by a signal cannot speak, and the launcher names only its process ID; the job's start
+line maps process IDs to ranks, so the table shows "rank 1 (pid N on HOST) killed by signal 9"
+(:func:`mpi_sgd.launch.explain_death`) after the launcher's own report.
 
 The table is the whole result: case, expected status, bound, time taken, and the message line
 the check found. Add a case by appending a :class:`Case` to :data:`CASES`.
@@ -21,7 +25,7 @@ import time
 from dataclasses import dataclass, field
 
 from .args import positive_float
-from .launch import mpiexec_command
+from .launch import explain_death, mpiexec_command
 from .report import markdown_table
 
 SLACK = 10.0  # seconds a failure may take to end the job, after the fault (or the timeout)
@@ -40,21 +44,27 @@ class Case:
     stall: bool = False  # bound: the stall timeout + SLACK
     env: dict = field(default_factory=dict)
 
+    @property
+    def blame(self) -> int | None:
+        """The rank the message must name: the faulty one, for an injected fault."""
+        return int(self.fault.split(":")[0]) if self.fault else None
+
 
 CASES = (
     Case("no fault", r"\d+ steps; per step", status="0"),
     Case("raise on rank 1", r"rank 1 of 2 on \S+ failed.*", fault="1:3:raise"),
-    Case("SIGKILL of rank 1", r".*(KILLED BY SIGNAL: 9|EXIT CODE: 9|signal 9).*", fault="1:3:kill"),
+    Case("SIGKILL of rank 1", r"rank 1 \(pid \d+ on \S+\) killed by signal 9", fault="1:3:kill"),
     Case("rank 1 stalls", r"watchdog: .* rank 1 missing.*", fault="1:3:stall", stall=True),
     Case("rank 1 exits 0 early", r"rank 1 has left the job.*", fault="1:3:exit0", stall=True),
     # The NaN enters inside rank 1's all-reduce, after the trainer's local check: every rank sees a
-    # non-finite sum at the same step and stops; which rank sent it cannot be told from the sum.
-    Case("NaN in rank 1's all-reduce", r"training diverged: .*non-finite.*", fault="1:3:nan"),
+    # non-finite sum at the same step and stops. The sum cannot tell who sent it; the fault's wrapper
+    # can, and the trainer's message names the rank it says (a real corruption would name none).
+    Case("NaN in rank 1's all-reduce", r"training diverged: .*corrupted in transit by rank 1 .*", fault="1:3:nan"),
     # Caught by the watchdog's sequence check, or first by the shared-memory all-reduce's own check.
     Case(
         "rank 1's all-reduce 1 short",
-        r"(watchdog: ranks made different collective calls|ranks passed different "
-        r"shared buffers to all-reduce).*rank.*",
+        r"(watchdog: ranks made different collective calls.*(\n  rank \d+: .*){2}|ranks passed different "
+        r"shared buffers to all-reduce.*rank.*)",
         fault="1:3:shape",
     ),  # fmt: skip
     Case("bad argument", r".*--lr must be positive.*", status="2", args=("--lr", "-1")),
@@ -99,6 +109,9 @@ def judge(case: Case, status: int, output: str, start: float, end: float, stall_
     from .comm.faults import ANNOUNCE
 
     fault_at = re.search(rf"^{re.escape(ANNOUNCE)} .* at ([\d.]+)$", output, re.M)
+    death = explain_death(output)
+    if death:  # the launcher named a PID: add the rank it was, as one more line to match
+        output += f"\n{death}\n"
     seconds = end - (float(fault_at.group(1)) if fault_at else start)
     bound = (stall_timeout if case.stall else 0.0) + SLACK if fault_at else LAUNCH_BOUND
     found = re.search(case.expect, output, re.M)
@@ -108,8 +121,11 @@ def judge(case: Case, status: int, output: str, start: float, end: float, stall_
     elif not found:
         message = f"no line matches {case.expect!r}; last lines: " + " | ".join(output.strip().splitlines()[-3:])
     else:
-        message = found.group(0).strip()
-    passed = bool(status_ok and found and seconds <= bound and (fault_at or not case.fault))
+        message = " ".join(found.group(0).split())  # a report of several lines: one row
+    names_blame = case.blame is None or bool(found and re.search(rf"\brank {case.blame}\b", message[:160]))
+    if found and not names_blame:
+        message = f"does not name rank {case.blame}: {message}"
+    passed = bool(status_ok and found and names_blame and seconds <= bound and (fault_at or not case.fault))
     return Outcome(case, status, seconds, bound, message[:160], passed)
 
 

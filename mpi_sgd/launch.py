@@ -208,3 +208,40 @@ def run_job(ranks: int, *argv: str, env: dict[str, str] | None = None, echo: boo
     done = subprocess.run(cmd, env=job_env, capture_output=True, text=True)
     if done.returncode != 0:
         raise JobFailed(cmd, done.returncode, done.stdout + done.stderr)
+
+
+# -- naming the rank of a process the launcher reports dead -------------------------------------
+# A rank killed by a signal (the OOM killer, a lost node) says nothing; the launcher names only its
+# process ID, and kills the other ranks before they can speak (hydra: "PID 4242 RUNNING AT b" then
+# "EXIT CODE: 9"). So the trainer's rank 0 prints, once at start, which process each rank is.
+PROCESSES = "processes:"
+
+
+def process_id() -> str:
+    """This process as a launcher names it: ``PID@HOST``."""
+    return f"{os.getpid()}@{socket.gethostname()}"
+
+
+def processes_line(processes: list[str]) -> str:
+    """The start line: ``processes: rank 0 = pid 41 on a, rank 1 = pid 7 on b`` from ``PID@HOST`` by rank."""
+    parts = (f"rank {r} = pid {p.partition('@')[0]} on {p.partition('@')[2]}" for r, p in enumerate(processes))
+    return f"{PROCESSES} {', '.join(parts)}"
+
+
+def explain_death(output: str) -> str | None:
+    """``rank 1 (pid 7 on b) killed by signal 9`` from a job's output: hydra's report of the process
+    that ended the job, matched to its rank through :func:`processes_line`'s line. None unless both
+    are there. (Hydra says "PID 7 RUNNING AT b", "EXIT CODE: 9" and, for a signal, "EXIT STRING:
+    Killed (signal 9)".)"""
+    line = re.search(rf"^{re.escape(PROCESSES)} (.*)$", output, re.M)
+    dead = re.search(r"PID (\d+) RUNNING AT (\S+)", output)
+    if not line or not dead:
+        return None
+    ranks = dict(re.findall(r"rank (\d+) = pid (\d+) on ", line.group(1)))
+    by_pid = {pid: rank for rank, pid in ranks.items()}
+    if dead.group(1) not in by_pid:
+        return None
+    signal = re.search(r"EXIT STRING: .*\(signal (\d+)\)", output)
+    code = re.search(r"EXIT CODE: (\d+)", output)
+    how = f"killed by signal {signal.group(1)}" if signal else f"exited with status {code.group(1) if code else '?'}"
+    return f"rank {by_pid[dead.group(1)]} (pid {dead.group(1)} on {dead.group(2)}) {how}"

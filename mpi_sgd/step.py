@@ -73,7 +73,7 @@ def train_step(model, optimizer, sync: GradSync, x: torch.Tensor, y: torch.Tenso
                 out = model(xm)
                 loss = loss_fn(out, ym)
             t1 = time.perf_counter()
-            sync.local_finite = torch.isfinite(loss.detach()) & sync.local_finite  # before the hooks send
+            sync.note_loss(loss)  # before the hooks send
             sync.where("backward")
             # mean over B/k samples, divided by k: the k micro-batches sum to the mean over B
             amp.backward(loss * (sync.loss_scale / grad_accum))

@@ -36,6 +36,7 @@ from .amp import MixedPrecision
 from .comm import split_counts
 from .config import TrainConfig
 from .gradsync import GradSync
+from .launch import processes_line
 from .models import build_model
 from .step import Step, TrainingDiverged, make_optimizer, train_step
 from .timing import WARMUP_STEPS, chrome_trace
@@ -86,7 +87,9 @@ class Trainer:
         torch.manual_seed(cfg.seed)
         model = build_model(cfg.model, tuple(dataset.x.shape[1:]), dataset.num_outputs)
         model = model.to(dataset.x.device, dataset.x.dtype)
-        agree.check_start(comm, cfg, dataset, val)
+        processes = agree.check_start(comm, cfg, dataset, val)
+        if comm.is_root:  # flushed now: a rank killed later takes unflushed output with it
+            print(processes_line(processes), flush=True)
         gradsync.broadcast_parameters(model, comm)
         torch.manual_seed(cfg.seed + comm.rank)
         events = [] if cfg.timeline else None
@@ -166,19 +169,30 @@ class Trainer:
         gradient was not finite, then stop (raise :class:`TrainingDiverged` on every rank alike) or,
         with ``--on-nonfinite skip``, go on without that step."""
         loss = stats[0].item() / max(stats[2].item(), 1)
-        everyone = self.comm.allgather_obj((loss, bool(self.sync.local_finite)))  # only on this rare path
+        # Only on this rare path: each rank's loss, whether its own gradients were finite before they
+        # were sent, whether the reduced sum holds NaN, and what a fault-injecting wrapper did.
+        mine = (loss, self.sync.local_finite, self.sync.reduced_has_nan(), getattr(self.comm, "tampered", None))
+        everyone = self.comm.allgather_obj(mine)
         where = f"in step {self.step + 1} (epoch {self.epoch})"
-        bad_loss = [r for r, (v, _) in enumerate(everyone) if not math.isfinite(v)]
-        bad_grad = [r for r, (v, ok) in enumerate(everyone) if math.isfinite(v) and not ok]
+        bad_loss = [r for r, (v, *_) in enumerate(everyone) if not math.isfinite(v)]
+        bad_grad = [r for r, (v, ok, *_) in enumerate(everyone) if math.isfinite(v) and not ok]
+        tampered = [(r, t) for r, (*_, t) in enumerate(everyone) if t]
         if bad_loss:
             what = f"loss {everyone[bad_loss[0]][0]} {where} on {_ranks(bad_loss)}"
         elif bad_grad:
             what = f"non-finite gradient {where} on {_ranks(bad_grad)} (loss finite there)"
         else:
-            what = (
-                f"non-finite gradient {where}: every rank's was finite before the all-reduce and the sum is not "
-                "(it overflowed, or was corrupted in transit)"
-            )
+            own = "every rank's own gradient was finite before sending"
+            if tampered:
+                what = f"non-finite gradient {where}: corrupted in transit by "
+                what += "; ".join(f"rank {r} ({t})" for r, t in tampered) + f"; {own}"
+            elif everyone[0][2]:
+                what = (
+                    f"non-finite gradient {where}: the sum holds NaN though {own}: corrupted in transit (finite "
+                    "numbers overflow to inf, not NaN), and a sum cannot tell whose contribution was bad"
+                )
+            else:
+                what = f"non-finite gradient {where}: the sum overflowed to inf though {own} (too large to add up)"
         # Skipping helps with a bad batch; not once the parameters themselves are the cause (then
         # every later step fails as well, since skipped steps leave them as they are).
         self.skipped_in_a_row = self.skipped_in_a_row + 1 if self._last_skipped == self.step else 1

@@ -17,6 +17,11 @@ Before it acts, the rank prints one line with the wall-clock time of the fault, 
 measure how long the job took to end after it (``mpi-sgd faults`` does). :class:`FaultComm` is a
 wrapper like the others: ``comm.init`` puts it outermost when the variable is set, so the
 watchdog below it sees the faulty calls as they reach MPI.
+
+A NaN injected inside the all-reduce looks, to every rank, like corruption in transit: each rank's
+own gradients were finite when checked. So :attr:`FaultComm.tampered` says what this wrapper did to
+the data; the trainer's non-finite stop reads it (``getattr(comm, "tampered", None)``, None on every
+other communicator) to name the rank, as it names a rank whose own gradient was not finite.
 """
 
 from __future__ import annotations
@@ -61,6 +66,7 @@ class FaultComm(CommWrapper):
     def __init__(self, inner, fault: Fault):
         super().__init__(inner)
         self.fault, self.step, self.armed, self.fired = fault, None, None, False
+        self.tampered: str | None = None  # what this rank did to the data it sent, once it has
 
     def where(self, phase: str, step: int | None = None) -> None:
         self.inner.where(phase, step)  # the watchdog notes the moment first
@@ -92,6 +98,7 @@ class FaultComm(CommWrapper):
         kind, self.armed = self.armed, None
         if kind == "nan":
             buf[...] = float("nan")
+            self.tampered = f"MPI_SGD_FAULT={self.fault} replaced its all-reduce input of step {self.step} by NaN"
         elif kind == "shape":
             buf = buf[:-1]
         return buf

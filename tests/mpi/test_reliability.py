@@ -18,6 +18,7 @@ import torch
 
 from mpi_sgd import agree, checkpoint, data, gradsync
 from mpi_sgd.checkpoint import CheckpointError
+from mpi_sgd.comm.faults import Fault, FaultComm
 from mpi_sgd.config import TrainConfig
 from mpi_sgd.models import build_model
 from mpi_sgd.trainer import Trainer, TrainingDiverged
@@ -67,6 +68,21 @@ def test_nan_on_one_rank_stops_every_rank_at_that_step(comm, strategy):
     clean = Trainer.from_config(config(strategy=strategy, bucket_mb=0.001, max_steps=2), toy(comm), comm)
     clean.train()
     assert torch.equal(params(t), params(clean))
+
+
+def test_nan_sent_by_one_rank_is_named_on_every_rank(comm):
+    # The NaN enters inside the last rank's all-reduce, after its own gradients were checked: every
+    # rank sees only a bad sum, yet every rank stops at that step with one message naming the rank
+    # (the fault wrapper says what it did; a bad link would be reported as corruption, no rank named).
+    last = comm.size - 1
+    faulty = FaultComm(comm, Fault(last, 3, "nan"))
+    t = Trainer.from_config(config(strategy="bucketed", bucket_mb=0.001), toy(comm), faulty)
+    with pytest.raises(TrainingDiverged) as e:
+        t.train()
+    text = str(e.value)
+    assert f"in step 3 (epoch 0): corrupted in transit by rank {last} (MPI_SGD_FAULT={last}:3:nan" in text
+    assert "every rank's own gradient was finite before sending" in text
+    assert t.step == 2 and comm.allgather_obj(text) == [text] * comm.size
 
 
 def test_skip_leaves_the_step_out_on_every_rank(comm):

@@ -9,7 +9,9 @@ import pytest
 import torch
 
 from mpi_sgd import data, gradsync
+from mpi_sgd.comm.faults import Fault, FaultComm
 from mpi_sgd.comm.local import LocalComm
+from mpi_sgd.comm.wrapper import CommWrapper
 from mpi_sgd.config import TrainConfig
 from mpi_sgd.models import build_model
 from mpi_sgd.trainer import Trainer, TrainingDiverged
@@ -78,15 +80,89 @@ def test_a_gradient_nan_anywhere_reaches_element_0_of_what_is_sent(strategy):
     with sync.accumulate():
         model(torch.randn(4, 6, dtype=torch.float64)).sum().backward()
     sync.wait()
-    assert not sync.finite() and not bool(sync.local_finite)
+    assert not sync.finite() and not sync.local_finite
     handle.remove()
     sync.zero_grad()
     sync.begin_step()
-    sync.local_finite = torch.tensor(False)  # a non-finite loss with finite gradients: still refused
+    sync.note_loss(torch.tensor(float("inf")))  # a non-finite loss with finite gradients: still refused
     with sync.accumulate():
         model(torch.randn(4, 6, dtype=torch.float64)).sum().backward()
     sync.wait()
-    assert not sync.finite()
+    assert not sync.finite() and not sync.local_finite
+    sync.zero_grad()
+    sync.begin_step()
+    sync.note_loss(torch.tensor(1.0))
+    with sync.accumulate():
+        model(torch.randn(4, 6, dtype=torch.float64)).sum().backward()
+    sync.wait()
+    assert sync.finite() and sync.local_finite
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="no GPU: the branch-free flag of a GPU"))])  # fmt: skip
+def test_the_flag_lands_in_element_0_of_every_shard_and_only_when_needed(device):
+    # ZeRO reduce-scatters in shards: each shard's element 0 carries the flag (its owner reads it).
+    sync = gradsync.LocalGradients(build_model("ffnet", (6,), 1))
+    clean = torch.arange(12.0, device=device)
+    for bad, loss in ((None, 1.0), (None, float("inf")), (7, 1.0)):
+        buf = clean.clone()
+        if bad is not None:
+            buf[bad] = float("-inf")
+        sync.begin_step()
+        sync.note_loss(torch.tensor(loss, device=device))
+        sync.outgoing(buf, shards=3, result=buf[4:8])
+        if bad is None and loss == 1.0:
+            assert torch.equal(buf, clean) and sync.finite() and sync.local_finite  # finite: bits unchanged
+        else:
+            assert torch.isnan(buf[[0, 4, 8]]).all() and not torch.isnan(buf[[1, 2, 3, 5, 6, 9, 10, 11]]).any()
+            assert not sync.finite() and not sync.local_finite
+
+
+def test_world_size_1_without_communication_checks_its_own_gradients():
+    model = build_model("ffnet", (6,), 1).double()
+    sync = gradsync.LocalGradients(model)
+    for poison, finite in ((0.0, True), (float("nan"), False)):
+        sync.zero_grad()
+        sync.begin_step()
+        (model(torch.randn(4, 6, dtype=torch.float64)).sum() * 1.0).backward()
+        list(model.parameters())[-1].grad.view(-1)[-1] += poison
+        assert sync.finite() is finite and sync.local_finite is finite
+
+
+class Corrupting(CommWrapper):
+    """Adds ``value`` to every element a flat all-reduce returns, and says nothing: a bad link."""
+
+    def __init__(self, inner, value: float):
+        super().__init__(inner)
+        self.value = value
+
+    def allreduce(self, buf, op="sum"):
+        self.inner.allreduce(buf, op)
+        return buf.add_(self.value)
+
+
+OWN = "every rank's own gradient was finite"
+
+
+@pytest.mark.parametrize(
+    ("comm", "message"),
+    [
+        (FaultComm(LocalComm(), Fault(0, 3, "nan")),
+         "in step 3 (epoch 0): corrupted in transit by rank 0 (MPI_SGD_FAULT=0:3:nan replaced"),
+        (Corrupting(LocalComm(), float("nan")), f"in step 1 (epoch 0): the sum holds NaN though {OWN}"),
+        (Corrupting(LocalComm(), float("inf")), f"in step 1 (epoch 0): the sum overflowed to inf though {OWN}"),
+    ],
+    ids=["injected", "nan", "inf"],
+)  # fmt: skip
+def test_a_sum_gone_bad_in_transit_says_what_is_known(comm, message):
+    # Every rank's own gradients are finite here; only the reduced sum is not. The message must say
+    # so, and name the rank when a wrapper knows it corrupted the data (fault injection does).
+    cfg = TrainConfig(model="ffnet", dataset="toy", epochs=1, batch_size=B, progress=False, dtype="float64",
+                      strategy="flat")  # fmt: skip
+    t = Trainer.from_config(cfg, toy(), comm)
+    with pytest.raises(TrainingDiverged) as e:
+        t.train()
+    assert message in str(e.value) and "every rank's own gradient was finite before sending" in str(e.value)
 
 
 def test_finite_steps_stay_bit_identical_to_plain_training():

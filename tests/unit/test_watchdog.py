@@ -161,6 +161,35 @@ def test_the_fault_matrix_judges_status_message_and_time():
     assert not judge(stall, 1, report, 990.0, 1005.0, 3).passed  # the fault never happened
     bad_arg = next(c for c in CASES if c.status == "2")
     assert not judge(bad_arg, 1, "error: --lr must be positive, got -1.0", 0.0, 5.0, 3).passed  # status 1, not 2
+    # a message that does not name the faulty rank fails the case too
+    vague = report.replace("rank 1 missing", "a rank is missing")
+    assert not judge(stall, 1, fault + vague, 990.0, 1005.0, 3).passed
+
+
+HYDRA = """processes: rank 0 = pid 4100 on a, rank 1 = pid 4242 on b
+mpi_sgd fault: rank 1, step 3: kill (MPI_SGD_FAULT=1:3:kill) at 1000.0
+=   BAD TERMINATION OF ONE OF YOUR APPLICATION PROCESSES
+=   PID 4242 RUNNING AT b
+=   EXIT CODE: 9
+YOUR APPLICATION TERMINATED WITH THE EXIT STRING: Killed (signal 9)
+"""
+
+
+def test_a_killed_rank_is_named_from_the_launchers_pid_and_the_start_line():
+    from mpi_sgd.faultmatrix import CASES, judge
+    from mpi_sgd.launch import explain_death, processes_line
+
+    assert processes_line(["4100@a", "4242@b"]) == HYDRA.splitlines()[0]  # what the trainer prints at start
+    assert explain_death(HYDRA) == "rank 1 (pid 4242 on b) killed by signal 9"
+    assert explain_death(HYDRA.replace("PID 4242", "PID 4100")) == "rank 0 (pid 4100 on b) killed by signal 9"
+    exited = HYDRA.replace("EXIT CODE: 9", "EXIT CODE: 3").replace("Killed (signal 9)", "exit(3)")
+    assert explain_death(exited) == "rank 1 (pid 4242 on b) exited with status 3"
+    assert explain_death(HYDRA.split("\n", 1)[1]) is None  # no start line: no rank to name
+    assert explain_death(HYDRA.replace("PID 4242", "PID 7")) is None  # a PID of no rank
+    kill = next(c for c in CASES if c.fault and c.fault.endswith("kill"))
+    outcome = judge(kill, 9, HYDRA, 990.0, 1000.5, 3)
+    assert outcome.passed and outcome.message == "rank 1 (pid 4242 on b) killed by signal 9"
+    assert not judge(kill, 9, HYDRA.split("\n", 1)[1], 990.0, 1000.5, 3).passed  # the PID alone names no rank
 
 
 @pytest.mark.parametrize("abort_after, expected", [(None, 5.0), (0, 0.0), (2, 5.0), (10, 10.0)])
