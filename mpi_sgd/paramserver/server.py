@@ -20,10 +20,10 @@ Failure handling, as this server sees it:
   or infinity) raises :class:`~.protocol.ProtocolError`: garbage is not trained on.
 
 One class of about 300 lines, kept whole: its message handlers all read and change the same
-per-worker state, and split apart they would pass that state around instead. What has no
-per-worker state lives beside it: the budget's arithmetic in :mod:`.budget`, when a worker's
-silence means it is lost in :mod:`.peers`, the results sent to server 0 after training in
-:mod:`.results`.
+per-worker state, and split apart they would pass that state around instead. What needs none
+of the rest lives beside it: the budget's arithmetic in :mod:`.budget`, one worker's state and
+when its silence means it is lost in :mod:`.peers`, the results sent to server 0 after training
+in :mod:`.results`.
 """
 
 from __future__ import annotations
@@ -116,7 +116,7 @@ class Server:
                 self._hello(peer)
             elif status.tag == DONE:
                 self._done(peer)
-            else:  # another server keeps it waiting: alive, though it sends us nothing (see .peers)
+            else:  # another server keeps it (or kept it until now) waiting: alive, not silent (.peers)
                 peer.waiting(time.monotonic())
         else:
             raise ProtocolError(f"server rank {self.comm.rank}: unknown tag {status.tag} from rank {peer.rank}")
