@@ -21,10 +21,13 @@ a few thousand polls made the all-reduce several times slower on a loaded host t
 once). It checks every 10 ms that the ranks it waits for still exist (pids exchanged at
 start-up; a few microseconds), and gives up after
 ``timeout`` seconds (``MPI_SGD_SHM_TIMEOUT``, default 300). Either way it raises
-:class:`StalledRankError` naming them. Launchers that end the job themselves when a process dies
-(hydra's default) often get there first; under those that do not (``mpiexec -disable-auto-cleanup``,
-Slurm's ``srun`` without ``--kill-on-bad-exit``) this is what ends the job instead of a spin that
-never returns.
+:class:`StalledRankError` naming them. Where the launcher leaves the other ranks running after
+one ends (hydra's ``mpiexec -disable-auto-cleanup`` when a rank *exits* without ``MPI_Finalize``;
+Slurm's ``srun`` without ``--kill-on-bad-exit``) this is what ends the job, instead of a spin that
+never returns. Where it does not, the launcher gets there first and names no rank: hydra's proxy
+SIGKILLs every other rank of its host as soon as it reaps one that died *by a signal*, with or
+without ``-disable-auto-cleanup``, which takes a few milliseconds (it wakes when the dead rank's
+output pipes close), so a survivor names the rank only if its own check happens to come first.
 """
 
 from __future__ import annotations
