@@ -1,0 +1,62 @@
+"""What one rank computes in the shared all-reduce (:mod:`.shm_allreduce`): its slice, chunk by chunk.
+
+The node's buffers are cut into R slices of whole cache lines (:func:`slice_bounds`); node rank r
+owns slice r. :func:`reduce_slice` adds every rank's copy of the slice into the target's (its
+own, or the node leader's across nodes) and, in the flat case, writes the sum into every other
+rank's buffer, one chunk at a time so that the chunk is still in this core's cache when it is
+copied out. :data:`CHUNK_BYTES` is chosen so that a chunk and the one added to it fit the per-core
+L2 cache. Summation order is the target's own values first, then the others in rank order, and
+every element is summed once, by its owner, so all ranks get the same bits.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from mpi4py import MPI
+
+CHUNK_BYTES = 128 << 10
+LINE = 64  # bytes: slices start on cache-line boundaries
+UFUNC = {"sum": np.add, "avg": np.add, "min": np.minimum, "max": np.maximum, "prod": np.multiply}
+MPI_OP = {"sum": MPI.SUM, "avg": MPI.SUM, "min": MPI.MIN, "max": MPI.MAX, "prod": MPI.PROD}
+OP_NAMES = list(UFUNC)
+OP_CODE = {op: i for i, op in enumerate(OP_NAMES)}
+
+
+def slice_bounds(n: int, parts: int, part: int, itemsize: int) -> tuple[int, int]:
+    """[lo, hi) of slice ``part`` of ``n`` elements cut into ``parts`` runs of whole cache lines.
+
+    Lengths differ by at most one line; with fewer lines than parts the last slices are empty.
+    """
+    per_line = max(1, LINE // itemsize)
+    lines = -(-n // per_line)
+    base, extra = divmod(lines, parts)
+    first = part * base + min(part, extra)
+    last = first + base + (part < extra)
+    return min(n, first * per_line), min(n, last * per_line)
+
+
+def reduce_slice(views: list[np.ndarray], rank: int, lo: int, n: int, op: str, push: bool, divide_by: int) -> None:
+    """Reduce node rank ``rank``'s slice of ``views[q][lo:lo+n]`` (every node rank's buffer).
+
+    The sum goes into ``views[rank]`` if ``push`` (and then into every other buffer too), else into
+    ``views[0]`` (the node leader's, for MPI between nodes). ``divide_by`` > 1 divides the result
+    ("avg"), before it is pushed.
+    """
+    size = len(views)
+    a, b = slice_bounds(n, size, rank, views[rank].itemsize)
+    a, b = lo + a, lo + b
+    target = rank if push else 0
+    acc_view = views[target]
+    sources = [views[q] for q in range(size) if q != target]
+    ufunc = UFUNC[op]
+    step = max(1, CHUNK_BYTES // acc_view.itemsize)
+    for c in range(a, b, step):
+        d = min(c + step, b)
+        acc = acc_view[c:d]
+        for src in sources:
+            ufunc(acc, src[c:d], out=acc)
+        if divide_by > 1:
+            np.divide(acc, divide_by, out=acc)
+        if push:
+            for dst in sources:
+                np.copyto(dst[c:d], acc)
