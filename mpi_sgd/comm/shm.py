@@ -101,12 +101,13 @@ def free_window(win: MPI.Win) -> None:
 class _Segment:
     """One window: every node rank's segment as a numpy view, and where this rank's lives."""
 
-    __slots__ = ("id", "win", "views", "start", "nbytes", "n", "dtype", "torch_dtype")
+    __slots__ = ("id", "win", "views", "start", "nbytes", "n", "dtype", "torch_dtype", "operands")
 
     def __init__(self, wid: int, win: MPI.Win, views: list[np.ndarray], rank: int, torch_dtype):
         self.id, self.win, self.views, self.torch_dtype = wid, win, views, torch_dtype
         self.start, self.n, self.dtype = views[rank].ctypes.data, views[rank].size, views[rank].dtype
         self.nbytes = views[rank].nbytes
+        self.operands: dict = {}  # the all-reduce's: target rank -> (its view, the others' in rank order)
 
 
 class NodeMemory:
@@ -184,6 +185,7 @@ class NodeMemory:
         del self._starts[i], self._by_start[i]
         self._dead_ids.discard(wid)
         seg.views.clear()
+        seg.operands.clear()
         free_window(seg.win)
 
     def find(self, buf) -> tuple[_Segment, int, int] | None:

@@ -47,8 +47,8 @@ from mpi4py import MPI
 
 from .base import CollectiveMismatchError, CommError, Request, check_op
 from .shm import NodeMemory, _Segment
-from .shm_reduce import MPI_OP, OP_CODE, OP_NAMES, UFUNC, reduce_slice
-from .shm_sync import ARRIVED, COPIED, DESC_BASE, DESC_WORDS, READY, REDUCED, SLOTS, NodeSync
+from .shm_reduce import MPI_OP, OP_CODE, OP_NAMES, UFUNC, reduce_slice, slice_bounds
+from .shm_sync import ARRIVED, COPIED, READY, REDUCED, SLOTS, NodeSync
 
 MIN_BYTES = 64 << 10  # smaller buffers take MPI's own all-reduce
 DONE = 99
@@ -78,7 +78,6 @@ class SharedAllreduce:
         self.flat = not self.mem.multi_node
         self.everyone = list(range(self.mem.size))
         self.others = [q for q in self.everyone if q != self.mem.rank]
-        self.my_flags, self.other_flags = self.sync.flags[self.mem.rank], [self.sync.flags[q] for q in self.others]
         self.seq = 0
         self.pending: deque[_Call] = deque()
         self.failed: BaseException | None = None
@@ -122,29 +121,22 @@ class SharedAllreduce:
         queue or flow control (every earlier call is complete here, and a flat call completes only
         once every rank has reduced it, so every rank has read every earlier descriptor). At 64 KiB
         the Python around the arithmetic is most of the time, which is why this path exists."""
-        win, mine = seg.win, self.my_flags
+        win, sync = seg.win, self.sync
         self.seq = seq = self.seq + 1
-        slot = DESC_BASE + (seq % SLOTS) * DESC_WORDS
-        code = n * 8 + OP_CODE[op]
-        mine[slot], mine[slot + 1], mine[slot + 2], mine[slot + 3] = seq, seg.id, lo, code
+        desc = sync.post(seq, seg.id, lo, n * 8 + OP_CODE[op])
         win.Sync()  # the caller's data and the descriptor, before the arrival that publishes them
-        mine[ARRIVED] = seq
-        self._await(ARRIVED, seq, "to start all-reduce")
+        sync.signal(ARRIVED, seq)
+        sync.wait_for(ARRIVED, seq, self.others, "to start all-reduce")
         win.Sync()
-        for theirs in self.other_flags:
-            if theirs[slot + 3] != code or theirs[slot + 2] != lo or theirs[slot + 1] != seg.id or theirs[slot] != seq:
-                self._check_descriptors(_Call(seq, seg, lo, n, op))  # raises, naming both
-        reduce_slice(seg.views, self.mem.rank, lo, n, op, True, self.world_size if op == "avg" else 1)
+        if sync.differs(seq, desc, self.others):
+            self._check_descriptors(_Call(seq, seg, lo, n, op))  # raises, naming both
+        a, b = slice_bounds(n, self.mem.size, self.mem.rank, seg.dtype.itemsize)
+        acc, sources = self._operands(seg, self.mem.rank)
+        reduce_slice(acc, sources, lo + a, lo + b, UFUNC[op], True, self.world_size if op == "avg" else 1)
         win.Sync()
-        mine[REDUCED] = seq
-        self._await(REDUCED, seq, "to write their slices of all-reduce")
+        sync.signal(REDUCED, seq)
+        sync.wait_for(REDUCED, seq, self.others, "to write their slices of all-reduce")
         win.Sync()
-
-    def _await(self, counter: int, seq: int, what: str) -> None:
-        for theirs in self.other_flags:
-            if theirs[counter] < seq:
-                self.sync.spin(lambda: self.sync.behind(counter, seq, self.others), f"{what} #{seq}")
-                return
 
     def iallreduce(self, found, op: str, keep) -> Request:
         call = self._start(found, op)
@@ -173,7 +165,7 @@ class SharedAllreduce:
             self._fail(e)
 
     def _arrive(self, seg: _Segment, lo: int, n: int, op: str) -> _Call:
-        mem, sync = self.mem, self.sync
+        sync = self.sync
         self.seq += 1
         seq = self.seq
         call = _Call(seq, seg, lo, n, op)
@@ -182,8 +174,7 @@ class SharedAllreduce:
         need = seq - SLOTS
         if need > 0 and sync.behind(REDUCED, need, self.everyone):
             self._until(lambda: sync.behind(REDUCED, need, self.everyone), "to catch up")
-        mine, slot = sync.flags[mem.rank], DESC_BASE + (seq % SLOTS) * DESC_WORDS
-        mine[slot], mine[slot + 1], mine[slot + 2], mine[slot + 3] = seq, seg.id, lo, n * 8 + OP_CODE[op]
+        sync.post(seq, seg.id, lo, n * 8 + OP_CODE[op])
         sync.fence(seg.win)  # the caller's data and the descriptor, before the arrival that publishes them
         sync.signal(ARRIVED, seq)
         self.pending.append(call)
@@ -288,11 +279,9 @@ class SharedAllreduce:
 
     def _check_descriptors(self, call: _Call) -> None:
         """Every rank must have passed the same window, offset, length and op: else it would reduce garbage."""
-        mem, sync = self.mem, self.sync
-        slot = DESC_BASE + (call.seq % SLOTS) * DESC_WORDS
-        mine = sync.flags[mem.rank][slot : slot + DESC_WORDS].tolist()
+        mem, mine = self.mem, self.sync.descriptor(call.seq, self.mem.rank)
         for q in self.others:
-            theirs = sync.flags[q][slot : slot + DESC_WORDS].tolist()
+            theirs = self.sync.descriptor(call.seq, q)
             if theirs != mine:
                 me, them = mem.world_ranks[mem.rank], mem.world_ranks[q]
                 raise CollectiveMismatchError(
@@ -301,8 +290,20 @@ class SharedAllreduce:
                 )
 
     def _reduce(self, call: _Call, push: bool) -> None:
-        divide_by = self.world_size if call.op == "avg" and push else 1  # across nodes the leader divides
-        reduce_slice(call.seg.views, self.mem.rank, call.lo, call.n, call.op, push, divide_by)
+        """This rank's slice of every node buffer, reduced into its own buffer and pushed into every
+        other (flat), or reduced into the node leader's (across nodes, where the leader divides)."""
+        a, b = slice_bounds(call.n, self.mem.size, self.mem.rank, call.seg.dtype.itemsize)
+        acc, sources = self._operands(call.seg, self.mem.rank if push else 0)
+        divide_by = self.world_size if call.op == "avg" and push else 1
+        reduce_slice(acc, sources, call.lo + a, call.lo + b, UFUNC[call.op], push, divide_by)
+
+    def _operands(self, seg: _Segment, target: int) -> tuple:
+        """``target``'s view of ``seg`` and the other node ranks' in rank order (the summation order)."""
+        found = seg.operands.get(target)
+        if found is None:
+            views = seg.views
+            found = seg.operands[target] = (views[target], [v for q, v in enumerate(views) if q != target])
+        return found
 
     def close(self) -> None:
         """Finish pending calls and free every window (collective)."""

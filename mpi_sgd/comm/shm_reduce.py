@@ -11,6 +11,8 @@ every element is summed once, by its owner, so all ranks get the same bits.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 from mpi4py import MPI
 
@@ -22,10 +24,12 @@ OP_NAMES = list(UFUNC)
 OP_CODE = {op: i for i, op in enumerate(OP_NAMES)}
 
 
+@functools.lru_cache(maxsize=4096)
 def slice_bounds(n: int, parts: int, part: int, itemsize: int) -> tuple[int, int]:
     """[lo, hi) of slice ``part`` of ``n`` elements cut into ``parts`` runs of whole cache lines.
 
     Lengths differ by at most one line; with fewer lines than parts the last slices are empty.
+    (Cached: a call costs about as much as summing a few kilobytes.)
     """
     per_line = max(1, LINE // itemsize)
     lines = -(-n // per_line)
@@ -35,21 +39,14 @@ def slice_bounds(n: int, parts: int, part: int, itemsize: int) -> tuple[int, int
     return min(n, first * per_line), min(n, last * per_line)
 
 
-def reduce_slice(views: list[np.ndarray], rank: int, lo: int, n: int, op: str, push: bool, divide_by: int) -> None:
-    """Reduce node rank ``rank``'s slice of ``views[q][lo:lo+n]`` (every node rank's buffer).
+def reduce_slice(acc_view: np.ndarray, sources: list[np.ndarray], a: int, b: int, ufunc, push: bool,
+                 divide_by: int) -> None:  # fmt: skip
+    """Reduce elements [a, b) of every buffer in ``sources`` into ``acc_view`` (the target's own).
 
-    The sum goes into ``views[rank]`` if ``push`` (and then into every other buffer too), else into
-    ``views[0]`` (the node leader's, for MPI between nodes). ``divide_by`` > 1 divides the result
-    ("avg"), before it is pushed.
+    ``ufunc`` combines two buffers (``UFUNC[op]``); ``divide_by`` > 1 divides the result ("avg");
+    with ``push`` the result is then written into every source buffer too, chunk by chunk.
     """
-    size = len(views)
-    a, b = slice_bounds(n, size, rank, views[rank].itemsize)
-    a, b = lo + a, lo + b
-    target = rank if push else 0
-    acc_view = views[target]
-    sources = [views[q] for q in range(size) if q != target]
-    ufunc = UFUNC[op]
-    step = max(1, CHUNK_BYTES // acc_view.itemsize)
+    step = CHUNK_BYTES // acc_view.itemsize
     for c in range(a, b, step):
         d = min(c + step, b)
         acc = acc_view[c:d]
