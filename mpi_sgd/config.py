@@ -181,6 +181,11 @@ class TrainConfig:
             raise ValueError(f"--backend {self.backend} is not available: {unavailable(self.backend)}")
         if self.backend == "nccl" and device.type != "cuda":
             raise ValueError("--backend nccl moves GPU memory only: add --device cuda")
+        if self.backend == "torch-mpi4py" and device.type == "cuda":
+            raise ValueError(
+                "--backend torch-mpi4py hands MPI host memory only; with --device cuda use nccl, or mpi4py "
+                "(which stages GPU tensors through pinned host memory)"
+            )
         # mpi4py with --device cuda needs no check: init() stages GPU tensors through pinned host
         # memory where the MPI library is not CUDA-aware (mpi_sgd.comm.gpu, mpi_sgd.comm.staged).
         if self.backend == "local" and world_size > 1:

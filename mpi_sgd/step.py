@@ -64,7 +64,7 @@ def train_step(model, optimizer, sync: GradSync, x: torch.Tensor, y: torch.Tenso
     sync.seconds = 0.0
     sync.zero_grad()
     sync.begin_step()
-    stats = torch.zeros(3, dtype=torch.float64)
+    stats = torch.zeros(3, dtype=torch.float64, device=x.device)  # summed where the loss is: no copy per step
     for i, (xm, ym) in enumerate(zip(x.chunk(grad_accum), y.chunk(grad_accum), strict=True)):
         with sync.accumulate(last=i == grad_accum - 1):
             sync.where("forward")

@@ -117,7 +117,8 @@ class Trainer:
     def _run_epoch(self, epoch: int) -> None:
         cfg, comm = self.cfg, self.comm
         batches = data.rank_batches(len(self.dataset), comm.rank, comm.size, cfg.batch_size, epoch, cfg.seed)
-        stats = torch.zeros(3, dtype=torch.float64)
+        # On the data's device, as train_step's are: NCCL reduces only GPU tensors.
+        stats = torch.zeros(3, dtype=torch.float64, device=self.dataset.x.device)
         started = time.perf_counter()
         # A bar of \r updates is for a terminal; in a log file it is noise (under mpiexec, rank 0's
         # output reaches the terminal through a pipe, so the default shows none: --progress forces it).
@@ -198,7 +199,7 @@ class Trainer:
     @torch.no_grad()
     def _evaluate(self, chunk: int = 1024) -> torch.Tensor:
         """(loss sum, correct, samples) of this rank's share of ``val``, dropout off; zeros without one."""
-        stats = torch.zeros(3, dtype=torch.float64)
+        stats = torch.zeros(3, dtype=torch.float64, device=self.dataset.x.device)
         if self.val is None:
             return stats
         counts = split_counts(len(self.val), self.comm.size)

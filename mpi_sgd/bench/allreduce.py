@@ -40,8 +40,8 @@ def sizes(min_bytes: int, max_bytes: int) -> list[int]:
 
 
 def bus_factor(p: int) -> float:
-    """nccl-tests' all-reduce bus bandwidth factor 2(p-1)/p (1 for a single rank: nothing moves)."""
-    return 2 * (p - 1) / p if p > 1 else 1.0
+    """nccl-tests' all-reduce bus bandwidth factor 2(p-1)/p: 0 for a single rank, where nothing moves."""
+    return 2 * (p - 1) / p
 
 
 def _calls(comm, peers: dict[str, Communicator], impls, nbytes: int):

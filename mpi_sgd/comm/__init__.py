@@ -64,6 +64,10 @@ def init(
             from .torch_dist import TorchDistComm
 
             comm = TorchDistComm(backend, comm)
+            if backend == "nccl":
+                from .staged import DeviceStagedComm
+
+                comm = DeviceStagedComm(comm, comm.device)  # NCCL reduces device memory only
     if env_flag("MPI_SGD_DEBUG") if debug is None else debug:
         from .checked import CheckedComm
 

@@ -54,17 +54,21 @@ def mpi_store(timeout: timedelta, rank: int | None = None, world_size: int | Non
     for given, actual, what in ((rank, world.rank, "rank"), (world_size, world.size, "world_size")):
         if given not in (None, -1, actual):
             raise ValueError(f"{what}={given} given, but MPI says {actual}; leave it out under mpiexec")
-    store = None
-    if world.rank == 0:
-        # Port 0: the kernel picks a free one, so no port is guessed and none can be taken meanwhile.
-        store = dist.TCPStore(routable_address(), 0, world.size, True, timeout, wait_for_workers=False)
-        addr_port = (routable_address(), store.port)
-    else:
-        addr_port = None
-    addr, port = world.bcast(addr_port, root=0)
-    if store is None:
-        store = dist.TCPStore(addr, port, world.size, False, timeout)
+    store = tcp_store(world.rank == 0, world.size, lambda obj: world.bcast(obj, root=0), timeout)
     return store, world.rank, world.size
+
+
+def tcp_store(is_root: bool, size: int, bcast, timeout: timedelta):
+    """A TCPStore served by the root on a port the kernel picks, its address carried by ``bcast``.
+
+    Port 0 means no port is guessed, so none can be taken between choosing and binding it (a
+    free-port probe that closes its socket first has exactly that race).
+    """
+    store = None
+    if is_root:
+        store = dist.TCPStore(routable_address(), 0, size, True, timeout, wait_for_workers=False)
+    addr, port = bcast((routable_address(), store.port) if is_root else None)
+    return store or dist.TCPStore(addr, port, size, False, timeout)
 
 
 # The module (``torch.distributed.rendezvous`` the attribute is the function of that name).

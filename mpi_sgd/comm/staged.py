@@ -6,10 +6,15 @@ the tensor into a pinned host buffer and waits for that copy (and every kernel q
 to finish, lets the wrapped communicator work on the host copy, and copies what MPI wrote back to
 the device; a non-blocking call copies back when it is waited on. CPU tensors and numpy arrays
 pass straight through. This costs two PCIe copies per call; a CUDA-aware MPI (or NCCL) avoids them.
+
+:class:`DeviceStagedComm` is the mirror image, for NCCL, which reduces only device memory: host
+tensors and numpy arrays (the small control messages of the trainer and the checks: epoch
+statistics, replica checksums, flags) go to the GPU and back. Gradients already live there.
 """
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from .base import Request
@@ -135,3 +140,24 @@ class StagedComm(CommWrapper):
 
     def iallgather(self, sendbuf, recvbuf):
         return self._two_later(self.inner.iallgather, sendbuf, recvbuf)
+
+
+class DeviceStagedComm(StagedComm):
+    """``inner`` (a device-memory communicator: NCCL) taking host tensors and numpy arrays too."""
+
+    def __init__(self, inner, device: torch.device):
+        super().__init__(inner, buffers=None)
+        self.device = device
+
+    def _in(self, buf):
+        if isinstance(buf, np.ndarray):
+            buf = torch.from_numpy(buf)
+        if not isinstance(buf, torch.Tensor) or buf.device == self.device:
+            return buf, None
+        moved = buf.to(self.device)
+        return moved, moved
+
+    def _out(self, moved, buf, write_back: bool = True) -> None:
+        if moved is not None and write_back:
+            out = torch.from_numpy(buf) if isinstance(buf, np.ndarray) else buf
+            out.copy_(moved)  # a device-to-host copy waits for the collective that wrote ``moved``

@@ -22,9 +22,9 @@ an average op and reduce-scatter of its own, so neither needs filling in.
 
 from __future__ import annotations
 
+import atexit
 import datetime
 import os
-import socket
 import time
 
 import numpy as np
@@ -34,7 +34,7 @@ import torch.distributed as dist
 from . import TORCH_BACKENDS
 from .base import CommError, Communicator, Request, check_avg, check_op, displacements, split_counts
 from .local import Loopback
-from .rendezvous import routable_address
+from .rendezvous import tcp_store
 
 TORCH_NAME = {"torch-mpi4py": "mpi4py"}  # seam backend -> torch.distributed backend, where they differ
 NATIVE_AVG_AND_REDUCE_SCATTER = ("torch-mpi4py", "nccl")
@@ -51,12 +51,6 @@ def _work_wait(work) -> None:
 
 def _work_test(work) -> bool:
     return work.is_completed()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
 
 
 def backend_available(name: str) -> bool:
@@ -146,17 +140,15 @@ class TorchDistComm(Communicator):
             if dist.get_world_size() != self.size:
                 raise CommError("torch's MPI backend spans the whole job: make it over the world communicator")
             return
-        if "MASTER_ADDR" in os.environ and "MASTER_PORT" in os.environ:
-            addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+        if "MASTER_ADDR" in os.environ and "MASTER_PORT" in os.environ:  # a torchrun-style launch
+            where = {"init_method": f"tcp://{os.environ['MASTER_ADDR']}:{int(os.environ['MASTER_PORT'])}"}
         else:
-            addr, port = self.mpi.bcast_obj((routable_address(), _free_port()) if self.mpi.is_root else None)
-        dist.init_process_group(
-            self.torch_backend,
-            init_method=f"tcp://{addr}:{port}",
-            rank=self.rank,
-            world_size=self.size,
-            timeout=timeout,
-        )
+            where = {"store": tcp_store(self.mpi.is_root, self.size, self.mpi.bcast_obj, timeout)}
+        dist.init_process_group(self.torch_backend, rank=self.rank, world_size=self.size, timeout=timeout, **where)
+        if self.backend == "nccl":
+            # NCCL keeps communicators and threads that torch wants released before exit (it warns of
+            # a leak otherwise); runs before mpi4py's MPI_Finalize, which was registered earlier.
+            atexit.register(lambda: dist.is_initialized() and dist.destroy_process_group())
 
     def _reduce_op(self, op: str):
         check_op(op)

@@ -29,7 +29,7 @@ def test_human_bytes():
 
 
 def test_bus_factor_matches_nccl_tests():
-    assert bus_factor(1) == 1.0 and bus_factor(2) == 1.0 and bus_factor(4) == 1.5
+    assert bus_factor(1) == 0.0 and bus_factor(2) == 1.0 and bus_factor(4) == 1.5
 
 
 def test_osu_defaults():
