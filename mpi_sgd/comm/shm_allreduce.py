@@ -89,13 +89,16 @@ class SharedAllreduce:
     def find(self, buf):
         """Where ``buf`` lives if it is a shared buffer this all-reduce takes; None sends it to MPI."""
         nbytes = getattr(buf, "nbytes", 0)  # numpy arrays and torch tensors both have it
-        return self.mem.find(buf) if nbytes >= self.min_bytes else None
+        found = self.mem.find(buf) if nbytes >= self.min_bytes else None
+        if found is not None and found[0].half is not None and not self.flat:
+            return None  # 16-bit floats between nodes: MPI's user-defined ops, on the whole buffer
+        return found
 
     # -- the seam's calls ---------------------------------------------------------------------
     def allreduce(self, found, op: str = "sum") -> None:
         seg = found[0]
         if (self.flat and not self.pending and self.failed is None and self.world_size > 1 and op in UFUNC
-                and (op != "avg" or seg.dtype.kind in "fc")):  # fmt: skip
+                and (op != "avg" or seg.torch_dtype.is_floating_point)):  # fmt: skip
             try:
                 return self._flat_now(seg, found[1], found[2], op)
             except BaseException as e:
@@ -132,7 +135,7 @@ class SharedAllreduce:
             self._check_descriptors(_Call(seq, seg, lo, n, op))  # raises, naming both
         a, b = slice_bounds(n, self.mem.size, self.mem.rank, seg.dtype.itemsize)
         acc, sources = self._operands(seg, self.mem.rank)
-        reduce_slice(acc, sources, lo + a, lo + b, UFUNC[op], True, self.world_size if op == "avg" else 1)
+        reduce_slice(acc, sources, lo + a, lo + b, op, True, self.world_size if op == "avg" else 1, seg.half)
         win.Sync()
         sync.signal(REDUCED, seq)
         sync.wait_for(REDUCED, seq, self.others, "to write their slices of all-reduce")
@@ -153,7 +156,7 @@ class SharedAllreduce:
         seg, lo, n = found
         if op not in UFUNC:
             check_op(op)  # raises, naming the valid ops
-        if op == "avg" and seg.dtype.kind not in "fc":
+        if op == "avg" and not seg.torch_dtype.is_floating_point:
             raise TypeError(f"op 'avg' needs a floating dtype, got {seg.dtype}; use 'sum' and divide yourself")
         if self.failed is not None:
             raise CommError(f"an earlier shared-memory all-reduce on this communicator failed ({self.failed})")
@@ -295,7 +298,7 @@ class SharedAllreduce:
         a, b = slice_bounds(call.n, self.mem.size, self.mem.rank, call.seg.dtype.itemsize)
         acc, sources = self._operands(call.seg, self.mem.rank if push else 0)
         divide_by = self.world_size if call.op == "avg" and push else 1
-        reduce_slice(acc, sources, call.lo + a, call.lo + b, UFUNC[call.op], push, divide_by)
+        reduce_slice(acc, sources, call.lo + a, call.lo + b, call.op, push, divide_by, call.seg.half)
 
     def _operands(self, seg: _Segment, target: int) -> tuple:
         """``target``'s view of ``seg`` and the other node ranks' in rank order (the summation order)."""

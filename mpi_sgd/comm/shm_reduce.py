@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 
 import numpy as np
+import torch
 from mpi4py import MPI
 
 CHUNK_BYTES = 128 << 10
@@ -39,13 +40,18 @@ def slice_bounds(n: int, parts: int, part: int, itemsize: int) -> tuple[int, int
     return min(n, first * per_line), min(n, last * per_line)
 
 
-def reduce_slice(acc_view: np.ndarray, sources: list[np.ndarray], a: int, b: int, ufunc, push: bool,
-                 divide_by: int) -> None:  # fmt: skip
+def reduce_slice(acc_view: np.ndarray, sources: list[np.ndarray], a: int, b: int, op: str, push: bool,
+                 divide_by: int, half: torch.dtype | None = None) -> None:  # fmt: skip
     """Reduce elements [a, b) of every buffer in ``sources`` into ``acc_view`` (the target's own).
 
-    ``ufunc`` combines two buffers (``UFUNC[op]``); ``divide_by`` > 1 divides the result ("avg");
-    with ``push`` the result is then written into every source buffer too, chunk by chunk.
+    ``divide_by`` > 1 divides the result ("avg"); with ``push`` the result is then written into
+    every source buffer too, chunk by chunk. ``half`` (float16 or bfloat16, whose windows hold
+    float16 or uint16 to numpy) sums in float32 and rounds once, as MPI's user-defined ops for
+    16-bit floats do (:mod:`.mpitypes`): R-1 roundings to 8 or 11 bits would cost R-1 times that.
     """
+    if half is not None:
+        return _reduce_half(acc_view, sources, a, b, op, push, divide_by, half)
+    ufunc = UFUNC[op]
     step = CHUNK_BYTES // acc_view.itemsize
     for c in range(a, b, step):
         d = min(c + step, b)
@@ -57,3 +63,26 @@ def reduce_slice(acc_view: np.ndarray, sources: list[np.ndarray], a: int, b: int
         if push:
             for dst in sources:
                 np.copyto(dst[c:d], acc)
+
+
+_TORCH_OP = {"sum": torch.add, "avg": torch.add, "min": torch.minimum, "max": torch.maximum, "prod": torch.mul}
+
+
+def _reduce_half(acc_view, sources, a: int, b: int, op: str, push: bool, divide_by: int, half) -> None:
+    def chunk(view, c, d):
+        return torch.from_numpy(view[c:d]).view(half)
+
+    combine = _TORCH_OP[op]
+    step = CHUNK_BYTES // 4  # elements: the float32 sum is the largest operand
+    for c in range(a, b, step):
+        d = min(c + step, b)
+        target = chunk(acc_view, c, d)
+        acc = target.float()
+        for src in sources:
+            combine(acc, chunk(src, c, d).float(), out=acc)
+        if divide_by > 1:
+            acc.div_(divide_by)
+        target.copy_(acc)  # rounded to nearest, once
+        if push:
+            for dst in sources:
+                chunk(dst, c, d).copy_(target)
