@@ -6,11 +6,12 @@ Every message is a buffer; its tag says what it is and a probe tells its sender 
                        PUSH    gradient slice     apply this; it was computed on what you sent me last
                        DONE    (empty)           server 0 stopped me; I will push no more
     server -> worker   PARAMS  parameter slice    the new parameters: compute on
-                       STOP    parameter slice    (server 0) the gradient budget is spent: push no more
+                       STOP    parameter slice    (server 0) every gradient of the budget is in: push no more
                        HOLD    (empty)           you are kept waiting, and I am alive
                        FINAL   parameter slice    training is over: the final parameters
                        FINAL_LOST                 the same, and a rank was lost on the way
-    server -> server 0 SHARD, STATS, SNAPSHOTS    at the end: final slice, counts, kept versions
+    server 0 -> server COLLECT (empty)           after training: send me your results
+    server -> server 0 SHARD, STATS, SNAPSHOTS    your final slice, counts, kept versions
 
 No message carries a version: each server remembers which version it sent each worker, which is
 all it needs to measure staleness. Waits are polls of ``iprobe``/``test`` with a deadline, never
@@ -26,9 +27,10 @@ import time
 HELLO, PUSH, DONE = 7001, 7002, 7003
 PARAMS, STOP, HOLD, FINAL, FINAL_LOST = 7011, 7012, 7013, 7014, 7015
 SHARD, STATS, SNAPSHOT_VERSIONS, SNAPSHOTS = 7021, 7022, 7023, 7024
+COLLECT = 7031
 NAMES = {HELLO: "HELLO", PUSH: "PUSH", DONE: "DONE", PARAMS: "PARAMS", STOP: "STOP", HOLD: "HOLD",
          FINAL: "FINAL", FINAL_LOST: "FINAL_LOST", SHARD: "SHARD", STATS: "STATS",
-         SNAPSHOT_VERSIONS: "SNAPSHOT_VERSIONS", SNAPSHOTS: "SNAPSHOTS"}  # fmt: skip
+         SNAPSHOT_VERSIONS: "SNAPSHOT_VERSIONS", SNAPSHOTS: "SNAPSHOTS", COLLECT: "COLLECT"}  # fmt: skip
 
 
 class ServerLost(RuntimeError):

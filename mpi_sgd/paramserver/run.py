@@ -16,6 +16,7 @@ from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from .. import data
 from ..gradsync import broadcast_parameters
+from . import results
 from .config import AsyncConfig
 from .flat import shards
 from .protocol import SHARD, SNAPSHOT_VERSIONS, SNAPSHOTS, STATS, ServerLost
@@ -85,7 +86,7 @@ def _serve(comm, model, cfg, server: Server) -> Result:
         return result
     shards_, counts, kept = [server.shard.detach()], [server.staleness], [server.snapshots]
     for other in range(1, cfg.servers):
-        got = server.collect_from(other)
+        got = results.collect(comm, cfg, other, server.shard.dtype)
         shards_.append(got[SHARD])
         counts.append(Counter({t: int(n) for t, n in enumerate(got[STATS][1:].tolist()) if n}))
         times = {v: t for v, t, _ in server.snapshots}

@@ -2,8 +2,9 @@
 
 The loop asks MPI for the next message from any worker (``iprobe``), receives it into that
 worker's own buffer, and answers it; nothing waits for anyone else, and there is no barrier.
-Server 0 (the *lead*) also keeps the budget: it hands out exactly ``evaluations`` gradients in
-all and answers the pushes after that with STOP. Each server applies gradients to its slice with
+Server 0 (the *lead*) also keeps the budget (:mod:`.budget`): it hands out exactly
+``evaluations`` gradients in all, holds the workers that ask for more while another still owes
+one, and stops them once every gradient is applied. Each server applies gradients to its slice with
 the update ``torch.optim.SGD`` makes, operation for operation, so with one worker the arithmetic is
 exactly plain SGD's.
 
@@ -12,13 +13,15 @@ Failure handling, as this server sees it:
 * a worker that sends nothing for ``worker_timeout`` seconds while it owes a push is *lost*:
   it is reported, its unapplied gradient (if any) is dropped and handed out again, and it no
   longer counts for bounded staleness. A lost worker that speaks again is told STOP.
-* a worker kept waiting (by bounded staleness, or stopped until every other worker is) gets a
-  HOLD every ``heartbeat`` seconds, so it can tell a busy server from a dead one.
+* a worker kept waiting (by bounded staleness, by the budget, or stopped until every other
+  worker is) gets a HOLD every ``heartbeat`` seconds, so it can tell a busy server from a dead one.
 * a message that cannot be right (from a non-worker, of the wrong length, a gradient with NaN
   or infinity) raises :class:`~.protocol.ProtocolError`: garbage is not trained on.
 
-One class a little over 300 lines, kept whole: its message handlers all read and change the same
-per-worker state, and split apart they would pass that state around instead.
+One class of about 300 lines, kept whole: its message handlers all read and change the same
+per-worker state, and split apart they would pass that state around instead. What has no
+per-worker state lives beside it: the budget's arithmetic in :mod:`.budget`, the results sent
+to server 0 after training in :mod:`.results`.
 """
 
 from __future__ import annotations
@@ -30,7 +33,10 @@ from collections import Counter
 import torch
 
 from ..comm.buffers import zeros
+from . import results
+from .budget import Budget
 from .protocol import (
+    COLLECT,
     DONE,
     FINAL,
     FINAL_LOST,
@@ -39,21 +45,16 @@ from .protocol import (
     NAMES,
     PARAMS,
     PUSH,
-    SHARD,
-    SNAPSHOT_VERSIONS,
-    SNAPSHOTS,
-    STATS,
     STOP,
     Backoff,
     ProtocolError,
-    ServerLost,
     in_flight,
     wait_until,
 )
 from .staleness import Clock, staleness_lr
 
-NEW, COMPUTING, PENDING, FINISHED, LOST = "new", "computing", "pending", "finished", "lost"
-COLLECT = 7031  # server 0 -> other servers, after training: send me your results
+NEW, COMPUTING, PENDING, HELD, FINISHED, LOST = "new", "computing", "pending", "held", "finished", "lost"
+SERVING = (NEW, COMPUTING, PENDING, HELD)  # the loop goes on while any worker is in one of these
 
 
 class _Peer:
@@ -76,7 +77,7 @@ class Server:
         self.t0 = time.monotonic()
         self.peers = {r: _Peer(r, self.shard, self.t0) for r in range(cfg.servers, comm.size)}
         self.empty = torch.empty(0, dtype=self.shard.dtype)
-        self.granted = 0  # lead only: gradients handed out so far
+        self.budget = Budget(cfg.evaluations) if self.lead else None
         self.staleness: Counter = Counter()
         self.applied_by: Counter = Counter()
         self.lost: dict[int, str] = {}
@@ -94,7 +95,7 @@ class Server:
         if cfg.snapshot_every:
             self._snapshot()
         backoff = Backoff()
-        while any(p.state in (NEW, COMPUTING, PENDING) for p in self.peers.values()):
+        while any(p.state in SERVING for p in self.peers.values()):
             status = self.comm.iprobe(dtype=self.shard.dtype)
             now = time.monotonic()
             if now - last_watch > min(0.05, cfg.heartbeat / 4):
@@ -168,7 +169,7 @@ class Server:
             pending = sorted(
                 (self.clock.outstanding[p.rank], p.rank) for p in self.peers.values() if p.state == PENDING
             )
-            continues = not self.lead or self.granted < self.cfg.evaluations
+            continues = not self.lead or self.budget.open
             rank = next((r for _, r in pending if self.clock.may_apply(r, continues)), None)
             if rank is None:
                 return
@@ -181,7 +182,10 @@ class Server:
         self.applied_by[peer.rank] += 1
         if self.cfg.snapshot_every and self.clock.version % self.cfg.snapshot_every == 0:
             self._snapshot()
+        if self.lead:
+            self.budget.apply(peer.rank)
         self._reply(peer)
+        self._settle()  # the last gradient owed is in: the held workers stop
 
     def _step(self, grad: torch.Tensor, lr: float) -> None:
         """SGD with momentum exactly as ``torch.optim.SGD`` does it (no dampening, no Nesterov).
@@ -198,19 +202,25 @@ class Server:
         self.shard.add_(grad, alpha=-lr)
 
     def _reply(self, peer: _Peer) -> None:
-        """Send ``peer`` the current slice: PARAMS to compute on, or STOP when the budget is spent."""
-        tag = PARAMS
-        if self.lead:
-            if self.granted < self.cfg.evaluations:
-                self.granted += 1
-            else:
-                tag = STOP
+        """Send ``peer`` the current slice to compute on; server 0 may hold or stop it instead."""
+        self._answer(peer, self.budget.ask(peer.rank) if self.lead else PARAMS)
+
+    def _answer(self, peer: _Peer, tag: int) -> None:
+        if tag == HOLD:  # nothing to send yet: _watch sends the heartbeats, _settle the answer
+            peer.state, peer.noted = HELD, time.monotonic()
+            return
         if tag == PARAMS:
             self.clock.hand_out(peer.rank)
             peer.state = COMPUTING
         else:
             peer.state = FINISHED
         self._send(peer, tag, self.shard)
+
+    def _settle(self) -> None:
+        """(server 0) Answer the held workers whose answer the budget now knows."""
+        if self.lead:
+            for rank, tag in self.budget.settle():
+                self._answer(self.peers[rank], tag)
 
     def _send(self, peer: _Peer, tag: int, data: torch.Tensor | None) -> None:
         # The worker spoke after receiving our last message, so that send has completed and this
@@ -240,8 +250,8 @@ class Server:
                 self._lose(
                     peer, f"sent nothing for {now - peer.since:.1f} s (--worker-timeout {self.cfg.worker_timeout:g})"
                 )
-            elif peer.state in (PENDING, FINISHED) and now - peer.noted >= self.cfg.heartbeat:
-                # kept waiting: for the staleness bound, or (stopped) for the others to finish
+            elif peer.state in (PENDING, HELD, FINISHED) and now - peer.noted >= self.cfg.heartbeat:
+                # kept waiting: for the staleness bound, the budget, or (stopped) the others to finish
                 self.notes.append(self._post(self.empty, peer.rank, HOLD))
                 peer.noted = now
         self.notes = [r for r in self.notes if r is not None and in_flight(r)]
@@ -254,10 +264,11 @@ class Server:
         self._retire(peer, LOST)
 
     def _retire(self, peer: _Peer, state: str) -> None:
-        if self.lead and peer.state in (COMPUTING, PENDING):
-            self.granted -= 1  # its gradient was never applied: someone else computes it
+        if self.lead:
+            self.budget.drop(peer.rank)  # a gradient it owed was never applied: a held worker computes it
         peer.state = state
         self.clock.retire(peer.rank)
+        self._settle()
         self._apply_ready()  # it may have been the one others waited for
 
     def _revived(self, peer: _Peer) -> None:
@@ -285,51 +296,7 @@ class Server:
         if self.cfg.snapshot_every and self.snapshots[-1][0] != self.clock.version:
             self._snapshot()
         if not self.lead:
-            self._report()
-
-    def _report(self) -> None:
-        """Another server's results, sent to server 0 when it asks (it may still be serving)."""
-        deadline = time.monotonic() + self.cfg.worker_timeout + self.cfg.server_timeout
-        while not self.collect:
-            status = self.comm.iprobe(0, COLLECT)
-            if status is not None:
-                self._recv(0, self.empty, COLLECT, self.cfg.server_timeout)
-                self.collect = True
-            elif time.monotonic() > deadline:
-                raise ServerLost(f"server rank {self.comm.rank}: server rank 0 never asked for the results")
-            else:
-                time.sleep(1e-3)
-        counts = [self.staleness.get(t, 0) for t in range(max(self.staleness, default=-1) + 1)]
-        stats = torch.tensor([self.clock.version, *counts], dtype=torch.int64)
-        versions = torch.tensor([v for v, _, _ in self.snapshots], dtype=torch.int64)
-        kept = torch.stack([s for _, _, s in self.snapshots]).reshape(-1) if self.snapshots else self.empty
-        sends = [self.comm.isend(buf, 0, tag) for buf, tag in
-                 ((self.shard, SHARD), (stats, STATS), (versions, SNAPSHOT_VERSIONS), (kept, SNAPSHOTS))]  # fmt: skip
-        deadline = time.monotonic() + self.cfg.server_timeout
-        if not all(wait_until(s, deadline) for s in sends):
-            raise ServerLost(f"server rank {self.comm.rank}: server rank 0 did not take the results")
-
-    def collect_from(self, server: int) -> dict:
-        """(server 0) Ask another server for its results and receive them."""
-        self.notes.append(self._post(self.empty, server, COLLECT))
-        wait = self.cfg.worker_timeout + 2 * self.cfg.server_timeout  # it may still be serving
-        out = {}
-        for tag, dtype in ((SHARD, self.shard.dtype), (STATS, torch.int64), (SNAPSHOT_VERSIONS, torch.int64),
-                           (SNAPSHOTS, self.shard.dtype)):  # fmt: skip
-            status = self._await(server, tag, dtype, wait)
-            buf = torch.empty(status.count, dtype=dtype)
-            if not self._recv(server, buf, tag, self.cfg.server_timeout):
-                raise ServerLost(f"server rank {server} stopped sending its results")
-            out[tag] = buf
-        return out
-
-    def _await(self, source: int, tag: int, dtype, seconds: float):
-        deadline, backoff = time.monotonic() + seconds, Backoff()
-        while (status := self.comm.iprobe(source, tag, dtype)) is None:
-            if time.monotonic() > deadline:
-                raise ServerLost(f"server rank {source} sent no {NAMES[tag]} within {seconds:g} s: it is gone")
-            backoff.pause()
-        return status
+            results.send(self)
 
     def _recv(self, source: int, buf, tag: int, seconds: float) -> bool:
         """Receive a message a probe has seen; False if it stops arriving (its sender died mid-way)."""

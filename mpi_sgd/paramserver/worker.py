@@ -114,7 +114,7 @@ class Worker:
                     raise ServerLost(f"worker rank {self.comm.rank}: no word from server rank {server} for "
                                      f"{timeout:g} s (--server-timeout): the server is gone")  # fmt: skip
                 backoff.pause()
-            elif status.tag == HOLD:  # kept waiting by bounded staleness: the server is alive
+            elif status.tag == HOLD:  # kept waiting (staleness bound, budget): the server is alive
                 self.comm.recv(self.empty, server, HOLD)
                 deadline = time.monotonic() + timeout
             else:

@@ -60,6 +60,9 @@ def drill(n: int, *args: str, timeout: float = 120) -> tuple[int, list[tuple[flo
 def test_a_dead_worker_is_reported_and_training_finishes_without_it():
     # Rank 3 exits at its 12th send: after 2 hellos, 4 steps' pushes to both servers and its 5th
     # push to server 0, before the one to server 1, so the two servers lose it at different points.
+    # If server 0 applied that push, rank 3 dies owing the gradient it was then granted, and rank 2
+    # may hand in the rest of the budget before server 0 notices: rank 2 is then held and computes
+    # the missing gradient itself (tests/unit/test_paramserver_budget.py plays that order out).
     rc, lines, _ = drill(4, "--servers", "2", "--evaluations", "200", "--exit-rank", "3", "--exit-after", "12",
                       "--worker-timeout", "1.5")  # fmt: skip
     out = "\n".join(text for _, text in lines)
