@@ -149,7 +149,7 @@ class MPIComm(Communicator):
             return buf
         if op == "avg":
             check_avg(buf)
-            self.comm.Allreduce(MPI.IN_PLACE, _spec(buf), MPI.SUM)
+            self.comm.Allreduce(MPI.IN_PLACE, _spec(buf), _mpi_op(op, buf))  # bfloat16's sum is MPI's user op
             buf /= self.size
         else:
             self.comm.Allreduce(MPI.IN_PLACE, _spec(buf), _mpi_op(op, buf))

@@ -73,6 +73,14 @@ def unlink_mpi_segments(node: MPI.Comm) -> None:
                 pass
 
 
+def storage_dtype(dtype: torch.dtype) -> np.dtype:
+    """The numpy dtype a window of torch ``dtype`` is made of: its own, or uint16 for bfloat16,
+    which numpy lacks (the tensor handed out is a bfloat16 view of it)."""
+    if dtype == torch.bfloat16:
+        return np.dtype(np.uint16)
+    return torch.empty(0, dtype=dtype).numpy().dtype
+
+
 def _info() -> MPI.Info:
     info = MPI.Info.Create()
     # Each rank's segment starts on its own page: no false sharing between neighbours' ends.
@@ -101,12 +109,14 @@ def free_window(win: MPI.Win) -> None:
 class _Segment:
     """One window: every node rank's segment as a numpy view, and where this rank's lives."""
 
-    __slots__ = ("id", "win", "views", "start", "nbytes", "n", "dtype", "torch_dtype")
+    __slots__ = ("id", "win", "views", "start", "nbytes", "n", "dtype", "torch_dtype", "half", "operands")
 
     def __init__(self, wid: int, win: MPI.Win, views: list[np.ndarray], rank: int, torch_dtype):
         self.id, self.win, self.views, self.torch_dtype = wid, win, views, torch_dtype
         self.start, self.n, self.dtype = views[rank].ctypes.data, views[rank].size, views[rank].dtype
         self.nbytes = views[rank].nbytes
+        self.half = torch_dtype if torch_dtype in (torch.float16, torch.bfloat16) else None  # summed in float32
+        self.operands: dict = {}  # the all-reduce's: target rank -> (its view, the others' in rank order)
 
 
 class NodeMemory:
@@ -146,7 +156,7 @@ class NodeMemory:
         """A zeroed tensor of ``n`` elements in a new window. Collective over comm, same n and dtype."""
         dtype = torch.float32 if dtype is None else dtype
         try:
-            np_dtype = torch.empty(0, dtype=dtype).numpy().dtype
+            np_dtype = storage_dtype(dtype)
         except (TypeError, RuntimeError):
             raise CommError(f"dtype {dtype} has no numpy equivalent; shared buffers need one") from None
         try:
@@ -156,7 +166,7 @@ class NodeMemory:
         # Exchanged over all of comm before judging, so that a bad or mismatched call fails on every
         # rank alike (nodes with buffers of different sizes would hand their leaders' MPI all-reduce
         # different lengths). Windows are freed by the ids every rank dropped: the same on every node.
-        everyone = self.comm.allgather((n, np_dtype.str, sorted(self._dead_ids)))
+        everyone = self.comm.allgather((n, str(dtype).replace("torch.", ""), sorted(self._dead_ids)))
         lines = "\n".join(f"  rank {r}: n={e[0]!r}, dtype={e[1]}" for r, e in enumerate(everyone))
         if any(type(e[0]) is not int or e[0] < 0 for e in everyone):
             raise CommError(f"alloc_shared needs a whole number of elements, 0 or more:\n{lines}")
@@ -175,7 +185,7 @@ class NodeMemory:
         mine = segment(win, self.rank, np_dtype, n)  # the caller's own view: when it dies, so may the window
         mine.fill(0)  # zeroed, and every page touched now rather than inside the first all-reduce
         weakref.finalize(mine, self._dead_ids.add, seg.id)
-        return torch.from_numpy(mine)
+        return torch.from_numpy(mine).view(dtype)  # bfloat16: the uint16 storage seen as what it holds
 
     def _free(self, wid: int) -> None:
         seg = self._segments.pop(wid)
@@ -184,6 +194,7 @@ class NodeMemory:
         del self._starts[i], self._by_start[i]
         self._dead_ids.discard(wid)
         seg.views.clear()
+        seg.operands.clear()
         free_window(seg.win)
 
     def find(self, buf) -> tuple[_Segment, int, int] | None:
@@ -213,6 +224,8 @@ class NodeMemory:
         offset, rest = divmod(addr - seg.start, seg.dtype.itemsize)
         if rest or offset + n > seg.n or dtype != (seg.dtype if isinstance(dtype, np.dtype) else seg.torch_dtype):
             return None
+        if isinstance(dtype, np.dtype) and seg.torch_dtype == torch.bfloat16:
+            return None  # its numpy view holds raw uint16 bits, not numbers to add
         return seg, offset, n
 
     def close(self) -> None:

@@ -19,11 +19,8 @@ rank takes the same path, since the size is the same on every rank.
 
 Per rank that is one read of every buffer's slice and one write of every buffer's slice: about
 the traffic of one ``memcpy`` of the buffer, no copy-in and no copy-out. Chunking is what makes it
-pay (a rank's whole slice does not stay in cache between summing and writing it out); the chunk,
-:data:`CHUNK_BYTES`, is chosen so that a chunk and the one it is added to fit the per-core L2.
-Pushing (each owner writes its slice into every buffer) rather than pulling (each rank copies the
-others' slices into its own) is what lets the written data come from cache. Every element is
-summed once, by its owner, so all ranks get the same bits.
+pay, and pushing (each owner writes its slice into every buffer) rather than pulling is what lets
+the written data come from cache: see :mod:`.shm_reduce`, which does the arithmetic.
 
 **Hierarchical.** When the job spans nodes, step 2 writes the node's sum into node rank 0's buffer
 only; the node leaders all-reduce it with MPI over their own communicator; each other rank then
@@ -39,9 +36,6 @@ has to do either way, and on a host with no idle core a thread would only take t
 a slower one while it still has backward work to do. Consequence: complete (``wait``) pending
 shared requests before entering other blocking collectives on the same communicator, as the
 strategies do; a rank that does not can stall its peers until the bounded wait names it.
-
-Just over 300 lines: the flat and hierarchical algorithms share the slicing, the fences and the
-request type; the waiting itself already lives in :mod:`.shm_sync`.
 """
 
 from __future__ import annotations
@@ -53,33 +47,15 @@ from mpi4py import MPI
 
 from .base import CollectiveMismatchError, CommError, Request, check_op
 from .shm import NodeMemory, _Segment
-from .shm_sync import ARRIVED, COPIED, DESC_BASE, DESC_WORDS, READY, REDUCED, SLOTS, NodeSync
+from .shm_reduce import MPI_OP, OP_CODE, OP_NAMES, UFUNC, reduce_slice, slice_bounds
+from .shm_sync import ARRIVED, COPIED, READY, REDUCED, SLOTS, NodeSync
 
-CHUNK_BYTES = 128 << 10
-LINE = 64  # bytes: slices start on cache-line boundaries
 MIN_BYTES = 64 << 10  # smaller buffers take MPI's own all-reduce
-_UFUNC = {"sum": np.add, "avg": np.add, "min": np.minimum, "max": np.maximum, "prod": np.multiply}
-_MPI_OP = {"sum": MPI.SUM, "avg": MPI.SUM, "min": MPI.MIN, "max": MPI.MAX, "prod": MPI.PROD}
-_OP_NAMES = list(_UFUNC)
-_OP_CODE = {op: i for i, op in enumerate(_OP_NAMES)}
 DONE = 99
 
 
-def slice_bounds(n: int, parts: int, part: int, itemsize: int) -> tuple[int, int]:
-    """[lo, hi) of slice ``part`` of ``n`` elements cut into ``parts`` runs of whole cache lines.
-
-    Lengths differ by at most one line; with fewer lines than parts the last slices are empty.
-    """
-    per_line = max(1, LINE // itemsize)
-    lines = -(-n // per_line)
-    base, extra = divmod(lines, parts)
-    first = part * base + min(part, extra)
-    last = first + base + (part < extra)
-    return min(n, first * per_line), min(n, last * per_line)
-
-
 def _describe(desc: list[int]) -> str:
-    return f"buffer #{desc[1]} from element {desc[2]}, {desc[3] // 8} elements, op {_OP_NAMES[desc[3] % 8]}"
+    return f"buffer #{desc[1]} from element {desc[2]}, {desc[3] // 8} elements, op {OP_NAMES[desc[3] % 8]}"
 
 
 class _Call:
@@ -113,10 +89,20 @@ class SharedAllreduce:
     def find(self, buf):
         """Where ``buf`` lives if it is a shared buffer this all-reduce takes; None sends it to MPI."""
         nbytes = getattr(buf, "nbytes", 0)  # numpy arrays and torch tensors both have it
-        return self.mem.find(buf) if nbytes >= self.min_bytes else None
+        found = self.mem.find(buf) if nbytes >= self.min_bytes else None
+        if found is not None and found[0].half is not None and not self.flat:
+            return None  # 16-bit floats between nodes: MPI's user-defined ops, on the whole buffer
+        return found
 
     # -- the seam's calls ---------------------------------------------------------------------
     def allreduce(self, found, op: str = "sum") -> None:
+        seg = found[0]
+        if (self.flat and not self.pending and self.failed is None and self.world_size > 1 and op in UFUNC
+                and (op != "avg" or seg.torch_dtype.is_floating_point)):  # fmt: skip
+            try:
+                return self._flat_now(seg, found[1], found[2], op)
+            except BaseException as e:
+                self._fail(e)
         call = self._start(found, op)
         if call is None:
             return
@@ -132,6 +118,29 @@ class SharedAllreduce:
             self._fail(e)
         self.pending.clear()
 
+    def _flat_now(self, seg: _Segment, lo: int, n: int, op: str) -> None:
+        """The common case, a blocking call on one node with nothing in flight: the stages of
+        :meth:`_step` straight through, with the same counters, fences and checks but no request,
+        queue or flow control (every earlier call is complete here, and a flat call completes only
+        once every rank has reduced it, so every rank has read every earlier descriptor). At 64 KiB
+        the Python around the arithmetic is most of the time, which is why this path exists."""
+        win, sync = seg.win, self.sync
+        self.seq = seq = self.seq + 1
+        desc = sync.post(seq, seg.id, lo, n * 8 + OP_CODE[op])
+        win.Sync()  # the caller's data and the descriptor, before the arrival that publishes them
+        sync.signal(ARRIVED, seq)
+        sync.wait_for(ARRIVED, seq, self.others, "to start all-reduce")
+        win.Sync()
+        if sync.differs(seq, desc, self.others):
+            self._check_descriptors(_Call(seq, seg, lo, n, op))  # raises, naming both
+        a, b = slice_bounds(n, self.mem.size, self.mem.rank, seg.dtype.itemsize)
+        acc, sources = self._operands(seg, self.mem.rank)
+        reduce_slice(acc, sources, lo + a, lo + b, op, True, self.world_size if op == "avg" else 1, seg.half)
+        win.Sync()
+        sync.signal(REDUCED, seq)
+        sync.wait_for(REDUCED, seq, self.others, "to write their slices of all-reduce")
+        win.Sync()
+
     def iallreduce(self, found, op: str, keep) -> Request:
         call = self._start(found, op)
         if call is None:
@@ -145,9 +154,9 @@ class SharedAllreduce:
 
     def _start(self, found, op: str) -> _Call | None:
         seg, lo, n = found
-        if op not in _UFUNC:
+        if op not in UFUNC:
             check_op(op)  # raises, naming the valid ops
-        if op == "avg" and seg.dtype.kind not in "fc":
+        if op == "avg" and not seg.torch_dtype.is_floating_point:
             raise TypeError(f"op 'avg' needs a floating dtype, got {seg.dtype}; use 'sum' and divide yourself")
         if self.failed is not None:
             raise CommError(f"an earlier shared-memory all-reduce on this communicator failed ({self.failed})")
@@ -159,7 +168,7 @@ class SharedAllreduce:
             self._fail(e)
 
     def _arrive(self, seg: _Segment, lo: int, n: int, op: str) -> _Call:
-        mem, sync = self.mem, self.sync
+        sync = self.sync
         self.seq += 1
         seq = self.seq
         call = _Call(seq, seg, lo, n, op)
@@ -168,8 +177,7 @@ class SharedAllreduce:
         need = seq - SLOTS
         if need > 0 and sync.behind(REDUCED, need, self.everyone):
             self._until(lambda: sync.behind(REDUCED, need, self.everyone), "to catch up")
-        mine, slot = sync.flags[mem.rank], DESC_BASE + (seq % SLOTS) * DESC_WORDS
-        mine[slot], mine[slot + 1], mine[slot + 2], mine[slot + 3] = seq, seg.id, lo, n * 8 + _OP_CODE[op]
+        sync.post(seq, seg.id, lo, n * 8 + OP_CODE[op])
         sync.fence(seg.win)  # the caller's data and the descriptor, before the arrival that publishes them
         sync.signal(ARRIVED, seq)
         self.pending.append(call)
@@ -239,7 +247,7 @@ class SharedAllreduce:
                 return self._waiting(REDUCED, seq, self.others, f"to reduce their slices of all-reduce #{seq}")
             sync.fence(seg.win)
             mine = seg.views[0][call.lo : call.lo + call.n]
-            call.request = mem.leaders.Iallreduce(MPI.IN_PLACE, mine, _MPI_OP[call.op])
+            call.request = mem.leaders.Iallreduce(MPI.IN_PLACE, mine, MPI_OP[call.op])
             call.stage = READY
         elif call.stage == READY and leader:
             if not call.request.Test():
@@ -274,11 +282,9 @@ class SharedAllreduce:
 
     def _check_descriptors(self, call: _Call) -> None:
         """Every rank must have passed the same window, offset, length and op: else it would reduce garbage."""
-        mem, sync = self.mem, self.sync
-        slot = DESC_BASE + (call.seq % SLOTS) * DESC_WORDS
-        mine = sync.flags[mem.rank][slot : slot + DESC_WORDS].tolist()
+        mem, mine = self.mem, self.sync.descriptor(call.seq, self.mem.rank)
         for q in self.others:
-            theirs = sync.flags[q][slot : slot + DESC_WORDS].tolist()
+            theirs = self.sync.descriptor(call.seq, q)
             if theirs != mine:
                 me, them = mem.world_ranks[mem.rank], mem.world_ranks[q]
                 raise CollectiveMismatchError(
@@ -287,28 +293,20 @@ class SharedAllreduce:
                 )
 
     def _reduce(self, call: _Call, push: bool) -> None:
-        """Reduce this rank's slice of every node buffer into the target's (own, or the leader's);
-        with ``push`` also write it into every other buffer, chunk by chunk while it is in cache."""
-        mem, seg = self.mem, call.seg
-        lo, hi = slice_bounds(call.n, mem.size, mem.rank, seg.dtype.itemsize)
-        lo, hi = call.lo + lo, call.lo + hi
-        target = mem.rank if push else 0
-        # Summation order: the target's own values first, then the other ranks' in rank order.
-        target_view = seg.views[target]
-        sources = [seg.views[q] for q in range(mem.size) if q != target]
-        ufunc = _UFUNC[call.op]
-        divide = call.op == "avg" and push  # across nodes the leader divides, after MPI's sum
-        step = max(1, CHUNK_BYTES // seg.dtype.itemsize)
-        for a in range(lo, hi, step):
-            b = min(a + step, hi)
-            acc = target_view[a:b]
-            for src in sources:
-                ufunc(acc, src[a:b], out=acc)
-            if divide:
-                np.divide(acc, self.world_size, out=acc)
-            if push:
-                for dst in sources:
-                    np.copyto(dst[a:b], acc)
+        """This rank's slice of every node buffer, reduced into its own buffer and pushed into every
+        other (flat), or reduced into the node leader's (across nodes, where the leader divides)."""
+        a, b = slice_bounds(call.n, self.mem.size, self.mem.rank, call.seg.dtype.itemsize)
+        acc, sources = self._operands(call.seg, self.mem.rank if push else 0)
+        divide_by = self.world_size if call.op == "avg" and push else 1
+        reduce_slice(acc, sources, call.lo + a, call.lo + b, call.op, push, divide_by, call.seg.half)
+
+    def _operands(self, seg: _Segment, target: int) -> tuple:
+        """``target``'s view of ``seg`` and the other node ranks' in rank order (the summation order)."""
+        found = seg.operands.get(target)
+        if found is None:
+            views = seg.views
+            found = seg.operands[target] = (views[target], [v for q, v in enumerate(views) if q != target])
+        return found
 
     def close(self) -> None:
         """Finish pending calls and free every window (collective)."""

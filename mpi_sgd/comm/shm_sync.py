@@ -21,10 +21,13 @@ a few thousand polls made the all-reduce several times slower on a loaded host t
 once). It checks every 10 ms that the ranks it waits for still exist (pids exchanged at
 start-up; a few microseconds), and gives up after
 ``timeout`` seconds (``MPI_SGD_SHM_TIMEOUT``, default 300). Either way it raises
-:class:`StalledRankError` naming them. Launchers that end the job themselves when a process dies
-(hydra's default) often get there first; under those that do not (``mpiexec -disable-auto-cleanup``,
-Slurm's ``srun`` without ``--kill-on-bad-exit``) this is what ends the job instead of a spin that
-never returns.
+:class:`StalledRankError` naming them. Where the launcher leaves the other ranks running after
+one ends (hydra's ``mpiexec -disable-auto-cleanup`` when a rank *exits* without ``MPI_Finalize``;
+Slurm's ``srun`` without ``--kill-on-bad-exit``) this is what ends the job, instead of a spin that
+never returns. Where it does not, the launcher gets there first and names no rank: hydra's proxy
+SIGKILLs every other rank of its host as soon as it reaps one that died *by a signal*, with or
+without ``-disable-auto-cleanup``, which takes a few milliseconds (it wakes when the dead rank's
+output pipes close), so a survivor names the rank only if its own check happens to come first.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ LIVENESS_EVERY = 0.01  # seconds between checks that awaited ranks still exist
 CLOCK_EVERY = 16  # polls between clock readings
 SPIN_SECONDS = 50e-6  # how long a waiting rank spins before it yields, when ranks do not outnumber cores
 DEFAULT_TIMEOUT = 300.0
+QUICK_POLLS = 256  # bare polls of one counter before a wait turns to spin() (a few microseconds)
 
 
 class StalledRankError(RuntimeError):
@@ -121,10 +125,43 @@ class NodeSync:
         """Tell the node this rank reached ``seq`` in ``counter``; call after :meth:`fence`."""
         self.flags[self.rank][counter] = seq
 
+    def post(self, seq: int, *words: int) -> tuple:
+        """Write call ``seq``'s descriptor (DESC_WORDS words, ``seq`` first) into this rank's slot for it."""
+        mine, slot = self.flags[self.rank], DESC_BASE + (seq % SLOTS) * DESC_WORDS
+        desc = (seq, *words)
+        for i, word in enumerate(desc):
+            mine[slot + i] = word
+        return desc
+
+    def descriptor(self, seq: int, q: int) -> list[int]:
+        slot = DESC_BASE + (seq % SLOTS) * DESC_WORDS
+        return self.flags[q][slot : slot + DESC_WORDS].tolist()
+
+    def differs(self, seq: int, desc: tuple, ranks) -> bool:
+        """Whether any of node ranks ``ranks`` posted another descriptor than ``desc`` for call ``seq``."""
+        slot = DESC_BASE + (seq % SLOTS) * DESC_WORDS
+        return any(tuple(self.flags[q][slot : slot + DESC_WORDS]) != desc for q in ranks)
+
     def behind(self, counter: int, seq: int, ranks) -> list[int]:
         """The world ranks among node ranks ``ranks`` whose ``counter`` has not reached ``seq``."""
         flags, world = self.flags, self.world_ranks
         return [world[q] for q in ranks if flags[q][counter] < seq]
+
+    def wait_for(self, counter: int, seq: int, ranks, what: str) -> None:
+        """Return once every node rank in ``ranks`` has ``counter`` >= ``seq`` (bounded, as :meth:`spin`)."""
+        flags = self.flags
+        for q in ranks:
+            if flags[q][counter] < seq:
+                # A peer a few microseconds behind is seen sooner by this bare loop (tens of ns a
+                # poll) than by spin()'s (about a microsecond a poll); when ranks outnumber cores
+                # (spin_seconds 0) the core is given up at once instead.
+                theirs = flags[q]
+                for _ in range(QUICK_POLLS if self.spin_seconds else 0):
+                    if theirs[counter] >= seq:
+                        break
+                else:
+                    self.spin(lambda: self.behind(counter, seq, ranks), f"{what} #{seq}")
+                    return
 
     def spin(self, missing, what: str) -> None:
         """Poll ``missing()`` (world ranks still awaited) until empty; raise after a death or the timeout."""

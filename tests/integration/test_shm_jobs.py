@@ -37,6 +37,19 @@ while True:
 """
 
 
+# For the "survivors" case: each rank runs under this wrapper, which passes the rank's end on as an
+# exit status (137 for SIGKILL) and ignores hydra's SIGUSR1 notice that a rank of the job ended.
+# Hydra's proxy SIGKILLs the other ranks of a host as soon as it reaps one that died by a signal,
+# -disable-auto-cleanup or not; through the wrapper it sees exits only and leaves the survivors
+# running, as a launcher without clean-up does. The rank itself is still SIGKILLed mid-all-reduce.
+AS_EXIT = """
+import signal, subprocess, sys
+signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+rc = subprocess.call([sys.executable, *sys.argv[1:]], close_fds=False)  # the launcher's PMI socket too
+sys.exit(128 - rc if rc < 0 else rc)
+"""
+
+
 def _launcher() -> str:
     return os.environ.get("MPI_SGD_MPIEXEC") or shutil.which("mpiexec", path=str(Path(sys.executable).parent)) or ""
 
@@ -65,20 +78,23 @@ def test_shm_tests_at_four_ranks():
 def test_a_killed_rank_ends_the_job_named_and_leaves_no_shared_memory(tmp_path, monkeypatch, cleanup):
     """Rank 1 is SIGKILLed inside a loop of shared all-reduces.
 
-    ``survivors``: with ``-disable-auto-cleanup`` (as under ``srun`` without ``--kill-on-bad-exit``)
-    nothing but the survivors' bounded wait ends the job, and their error must name rank 1.
-    ``launcher``: hydra's default ends the job itself within a fraction of a second, SIGKILLing the
+    ``survivors``: a launcher that leaves the other ranks running (``srun`` without
+    ``--kill-on-bad-exit``): hydra with ``-disable-auto-cleanup``, each rank under :data:`AS_EXIT`.
+    Nothing but the survivors' bounded wait ends the job, and their error must name rank 1.
+    ``launcher``: hydra as it is, which ends the job itself within milliseconds, SIGKILLing the
     survivors; whether their check names rank 1 first is a race (hydra's own report names the pid
     of some process of the job, not necessarily the dead one), so here only a wrong name fails.
     Either way the job ends within 10 s and no /dev/shm file any rank had mapped still exists.
     """
     if not _hydra():
         pytest.skip("needs MPICH's hydra launcher (the disable-auto-cleanup flag and its messages)")
-    if cleanup == "survivors":
-        monkeypatch.setenv("MPI_SGD_MPIEXEC", f"{_launcher()} -disable-auto-cleanup")
     script = tmp_path / "killed.py"
     script.write_text(KILLED)
-    proc = run_mpi(3, str(script), env=ENV, check=False, timeout=60)
+    args = [str(script)]
+    if cleanup == "survivors":
+        monkeypatch.setenv("MPI_SGD_MPIEXEC", f"{_launcher()} -disable-auto-cleanup")
+        args = ["-c", AS_EXIT, *args]
+    proc = run_mpi(3, *args, env=ENV, check=False, timeout=60)
     ended = time.time()
     text = proc.stdout + proc.stderr
     assert proc.returncode != 0, text

@@ -23,7 +23,8 @@ from mpi4py import MPI
 from mpi_sgd import gradsync
 from mpi_sgd.comm import CollectiveMismatchError, CommError
 from mpi_sgd.comm.mpi import MPIComm
-from mpi_sgd.comm.shm_allreduce import CHUNK_BYTES, MIN_BYTES
+from mpi_sgd.comm.shm_allreduce import MIN_BYTES
+from mpi_sgd.comm.shm_reduce import CHUNK_BYTES
 from mpi_sgd.comm.shm_sync import StalledRankError
 from tests.helpers import assert_close, rank_data, tolerance
 from tests.mpi import test_sync_sgd as sgd
@@ -80,6 +81,39 @@ def test_allreduce_every_length(shm, op, dtype):
         assert_close(x, op, shm.size, n, dtype)
         # every element is computed once and copied, so replicas agree to the bit
         assert everyone_equal(shm, x), f"ranks disagree at n={n}"
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("op", ["sum", "avg"])
+def test_16_bit_floats_against_a_float64_reference(shm, op, dtype):
+    """float16 and bfloat16 buffers, summed over ranks, against float64 sums of the same 16-bit inputs.
+
+    Tolerance. On one node the shared path sums in float32 and rounds once to the 16-bit type: half
+    an ulp of the result, u16·|ref| (u16 the unit roundoff: 2^-8 bfloat16, 2^-11 float16), plus
+    float32's own error, (R+1)·2^-24·Σ|x_r|, plus half float16's smallest subnormal (2^-25) where a
+    result underflows. Between nodes these buffers take MPI's path, whose user-defined op rounds
+    after every combination: (R+1)·u16·Σ|x_r|, the bound of tests/helpers.py with u16.
+    """
+    half, u16 = getattr(torch, dtype), 2.0**-8 if dtype == "bfloat16" else 2.0**-11
+    # below R, cache-line edges, and two of _reduce_half's chunks (CHUNK_BYTES of float32 each)
+    for n in sorted({1, max(1, shm.size - 1), 17, 1009, CHUNK_BYTES // 4 + 1}):
+        parts = [torch.from_numpy(rank_data(r, n, "float32")).to(half) for r in range(shm.size)]
+        x = shm.alloc_shared(n, half)
+        assert x.dtype == half and in_window(shm, x)
+        x.copy_(parts[shm.rank])
+        before = shm._shm.seq
+        assert shm.allreduce(x, op) is x
+        shared = shm.size == 1 or shm._shm.flat
+        assert took_shared_path(shm, before) == shared  # 16-bit floats between nodes go to MPI
+        wide = torch.stack(parts).double()
+        ref = wide.sum(0) / (shm.size if op == "avg" else 1)
+        mag = wide.abs().sum(0) / (shm.size if op == "avg" else 1)
+        tol = u16 * ref.abs() + (shm.size + 1) * 2.0**-24 * mag + 2.0**-25 if shared else (shm.size + 1) * u16 * mag
+        err = (x.double() - ref).abs()
+        bad = torch.nonzero(err > tol).flatten()
+        assert bad.numel() == 0, f"{op} of {n} x {dtype}: {bad.numel()} off, first {x[bad[0]]} vs {ref[bad[0]]}"
+        got = shm.comm.allgather(x.view(torch.int16).numpy().tobytes())
+        assert all(g == got[0] for g in got), f"ranks disagree at n={n}"
 
 
 @pytest.mark.parametrize("op,dtype", [("max", "float64"), ("min", "float32"), ("prod", "float64"), ("sum", "int32")])

@@ -6,7 +6,7 @@ import pytest
 
 from mpi_sgd.bench import shm as bench_shm
 from mpi_sgd.comm.shm import node_size_override
-from mpi_sgd.comm.shm_allreduce import LINE, slice_bounds
+from mpi_sgd.comm.shm_reduce import LINE, slice_bounds
 from mpi_sgd.comm.shm_sync import DEFAULT_TIMEOUT, timeout_setting
 
 
