@@ -40,6 +40,10 @@ TORCH_NAME = {"torch-mpi4py": "mpi4py"}  # seam backend -> torch.distributed bac
 NATIVE_AVG_AND_REDUCE_SCATTER = ("torch-mpi4py", "nccl")
 
 
+# torch 2.13 renamed reduce_scatter_tensor (and warns on the old name); older releases have only that.
+_reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+
 def _t(buf):
     """numpy arrays travel as tensors sharing their memory."""
     return torch.from_numpy(buf) if isinstance(buf, np.ndarray) else buf
@@ -236,7 +240,7 @@ class TorchDistComm(Communicator):
         counts = list(counts) if counts is not None else split_counts(send.numel(), self.size)
         if self.backend in NATIVE_AVG_AND_REDUCE_SCATTER and len(set(counts)) == 1:
             divide = self._needs_divide(op, recv)
-            dist.reduce_scatter_tensor(recv, send, self._reduce_op(op), self.group)
+            _reduce_scatter(recv, send, self._reduce_op(op), self.group)
             if divide:
                 recv /= self.size
             return recvbuf
