@@ -82,6 +82,21 @@ def positive_ints(text: str) -> list[int]:
     return values
 
 
+def choices_list(choices, what: str = "name"):
+    """An argparse ``type=``: 'a,b' -> ['a', 'b'], each one of ``choices``, order kept."""
+
+    def parse(text: str) -> list[str]:
+        names = [part.strip() for part in text.split(",") if part.strip()]
+        bad = [n for n in names if n not in choices]
+        if bad or not names:
+            raise argparse.ArgumentTypeError(
+                f"unknown {what}(s) {', '.join(bad) or repr(text)}; choose from {','.join(choices)}"
+            )
+        return names
+
+    return parse
+
+
 def rank_list(text: str) -> list[int]:
     """'8,1,2,4,2' -> [1, 2, 4, 8]: world sizes to tabulate, sorted, each once."""
     return sorted(set(positive_ints(text)))

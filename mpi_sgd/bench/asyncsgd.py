@@ -37,7 +37,7 @@ from pathlib import Path
 
 import torch
 
-from ..args import positive_float, positive_int, rank_list
+from ..args import choices_list, positive_float, positive_int, rank_list
 from ..launch import placement, run_job
 from ..report import add_output_arguments, markdown_table, new_figure, save_results, write_json
 
@@ -199,17 +199,15 @@ def main(args) -> int:
     return 0
 
 
-def _scenarios(text: str) -> list[str]:
-    names = [s.strip() for s in text.split(",") if s.strip()]
-    if not names or any(n not in SCENARIOS for n in names):
-        raise argparse.ArgumentTypeError(f"choose from {','.join(SCENARIOS)}, got {text!r}")
-    return names
-
-
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser("async", help="asynchronous (parameter server) vs synchronous SGD, same gradients",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-    p.add_argument("--scenarios", type=_scenarios, default=list(SCENARIOS), help="base,straggler,comm (all)")
+    p.add_argument(
+        "--scenarios",
+        type=choices_list(SCENARIOS, "scenario"),
+        default=list(SCENARIOS),
+        help="base,straggler,comm (all)",
+    )
     p.add_argument("--ranks", type=rank_list, default=[2, 3, 4], help="world sizes for 'base' (2,3,4); each >= 2")
     p.add_argument("--evaluations", type=positive_int, help="gradients per run (default: base 1200, others 600)")
     p.add_argument("--lr", type=positive_float, default=0.1, help="synchronous learning rate; async gets lr/R (0.1)")

@@ -5,21 +5,11 @@ mpiexec -n 2 mpi-sgd bench allreduce --max-bytes 64MiB
 
 from __future__ import annotations
 
-import argparse
-
-from ..args import nbytes, positive_int
+from ..args import choices_list, nbytes, positive_int
 from ..comm import TORCH_BACKENDS
 from ..report import add_output_arguments
 from . import asyncsgd, grid, pipeline, sgd, shm, validate, workers, zero
 from .allreduce import IMPLS
-
-
-def _impls(text: str) -> list[str]:
-    names = [s.strip() for s in text.split(",") if s.strip()]
-    bad = [n for n in names if n not in IMPLS]
-    if bad or not names:
-        raise argparse.ArgumentTypeError(f"unknown implementation(s) {bad or text!r}; choose from {','.join(IMPLS)}")
-    return names
 
 
 def _run_allreduce(args) -> int:
@@ -52,7 +42,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--max-bytes", type=nbytes, default=64 << 20, help="largest message (default 64 MiB)")
     p.add_argument(
         "--impls",
-        type=_impls,
+        type=choices_list(IMPLS, "implementation"),
         default=["raw", "seam", "ring", "gloo"],
         help=f"comma-separated implementations to time: {','.join(IMPLS)} (default raw,seam,ring,gloo)",
     )

@@ -44,7 +44,7 @@ from pathlib import Path
 import torch
 from torch.nn import functional as F
 
-from ..args import positive_int, positive_ints
+from ..args import choices_list, positive_int, positive_ints
 from ..gradsync import LocalGradients
 from ..models import MLP
 from ..pipeline import SCHEDULES, SPLITS, PipelineStage, cut, ideal_bubble, peak_in_flight, simulate
@@ -199,14 +199,6 @@ def main(comm, args) -> int:
     return 0
 
 
-def _schedules(text: str) -> list[str]:
-    names = [part.strip() for part in text.split(",") if part.strip()]
-    bad = [n for n in names if n not in SCHEDULES]
-    if bad or not names:
-        raise argparse.ArgumentTypeError(f"unknown schedule(s) {text!r}; choose from {','.join(SCHEDULES)}")
-    return names
-
-
 def add_parser(kinds) -> None:
     """``mpi-sgd bench pipeline``: register on the ``bench`` command's sub-parsers."""
     p = kinds.add_parser(
@@ -220,7 +212,7 @@ def add_parser(kinds) -> None:
     p.add_argument("--batch-size", type=positive_int, default=512, help="samples per step (default 512)")
     p.add_argument("--micro-batches", type=positive_ints, default=[1, 2, 4, 8],
                    help="comma-separated micro-batch counts m (default 1,2,4,8)")  # fmt: skip
-    p.add_argument("--schedules", type=_schedules, default=list(SCHEDULES),
+    p.add_argument("--schedules", type=choices_list(SCHEDULES, "schedule"), default=list(SCHEDULES),
                    help=f"comma-separated schedules: {','.join(SCHEDULES)} (default both)")  # fmt: skip
     p.add_argument("--split", choices=SPLITS, default="params", help="how to cut the layers (default params)")
     p.add_argument("--steps", type=positive_int, default=4, help="timed steps per block (default 4)")

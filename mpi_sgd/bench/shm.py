@@ -26,7 +26,7 @@ import itertools
 
 import numpy as np
 
-from ..args import nbytes, positive_int
+from ..args import choices_list, nbytes, positive_int
 from ..comm.buffers import zeros
 from ..report import add_output_arguments, human_bytes, markdown_table, new_figure, save_results
 from ..timing import time_interleaved
@@ -203,14 +203,6 @@ def main(comm, args) -> int:
     return 0
 
 
-def _impls(text: str) -> list[str]:
-    names = [s.strip() for s in text.split(",") if s.strip()]
-    bad = [n for n in names if n not in IMPLS]
-    if bad or not names:
-        raise argparse.ArgumentTypeError(f"unknown implementation(s) {bad or text!r}; choose from {','.join(IMPLS)}")
-    return names
-
-
 def _run(args) -> int:
     from ..comm import init
     from ..comm.watchdog import without_watchdog
@@ -235,7 +227,7 @@ def add_parser(kinds) -> None:
     p.add_argument("--max-bytes", type=nbytes, default=64 << 20, help="largest message (default 64 MiB)")
     p.add_argument(
         "--impls",
-        type=_impls,
+        type=choices_list(IMPLS, "implementation"),
         default=list(IMPLS),
         help=f"comma-separated implementations to time: {','.join(IMPLS)} (default all)",
     )

@@ -20,13 +20,12 @@ contention as much as the transport; [DDP-bench]'s own 4- and 6-worker rows came
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
 from pathlib import Path
 
-from ..args import nbytes, positive_int, rank_list
+from ..args import choices_list, nbytes, positive_int, rank_list
 from ..comm import BACKENDS, TORCH_BACKENDS
 from ..launch import JobFailed, placement, run_job
 from ..report import add_output_arguments, human_bytes, markdown_table, new_figure, save_results, write_json
@@ -158,13 +157,6 @@ def default_workers(cores: int) -> list[int]:
     return [w for w in WORKERS if w <= cores] or [WORKERS[0]]
 
 
-def _backend_list(text: str) -> list[str]:
-    names = [s.strip() for s in text.split(",") if s.strip()]
-    if not names or any(n not in CHOICES for n in names):
-        raise argparse.ArgumentTypeError(f"choose from {','.join(CHOICES)}, got {text!r}")
-    return names
-
-
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser(
         "workers",
@@ -175,7 +167,7 @@ def add_parser(subparsers) -> None:
         "--workers", type=rank_list, help="worker counts to launch (default: those of 2,4,6 that fit the cores)"
     )
     p.add_argument("--max-bytes", type=nbytes, default=1 << 30, help="largest size, at least 1MB (default 1GiB)")
-    p.add_argument("--backends", type=_backend_list, default=["mpi4py", "gloo", "nccl"],
+    p.add_argument("--backends", type=choices_list(CHOICES, "backend"), default=["mpi4py", "gloo", "nccl"],
                    help="mpi4py (the seam), gloo, nccl (skipped without CUDA) (default all three)")  # fmt: skip
     p.add_argument("--warmup", type=int, default=WARMUP_STEPS,
                    help=f"discarded calls per size ({WARMUP_STEPS}; 1 from 100MB)")  # fmt: skip

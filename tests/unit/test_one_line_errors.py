@@ -167,3 +167,15 @@ def test_checkpoint_read_error_reaches_every_rank_alike(tmp_path):
     # the same path every rank of a job takes (tests/integration runs it at two ranks).
     with pytest.raises(CheckpointError, match="cannot read checkpoint"):
         checkpoint.load(str(tmp_path / "missing.pt"), LocalComm())
+
+
+def test_a_list_of_choices_keeps_order_and_names_what_is_unknown():
+    import argparse
+
+    from mpi_sgd.args import choices_list
+
+    parse = choices_list(("raw", "seam", "gloo"), "implementation")
+    assert parse("gloo, raw") == ["gloo", "raw"]
+    for text, unknown in (("raw,bogus", "bogus"), (",", "','")):
+        with pytest.raises(argparse.ArgumentTypeError, match=f"unknown implementation\\(s\\) {unknown}; choose from"):
+            parse(text)
