@@ -36,6 +36,9 @@ has to do either way, and on a host with no idle core a thread would only take t
 a slower one while it still has backward work to do. Consequence: complete (``wait``) pending
 shared requests before entering other blocking collectives on the same communicator, as the
 strategies do; a rank that does not can stall its peers until the bounded wait names it.
+
+A few lines over 300: the stages above are one state machine over a call; the arithmetic is in
+:mod:`.shm_reduce` and the waiting in :mod:`.shm_sync` already.
 """
 
 from __future__ import annotations
