@@ -31,10 +31,6 @@ module registers the backend and lets ``env://`` rendezvous through MPI (:mod:`.
 The module is longer than most here because torch's process-group interface is that wide: one
 method per torch call (and its coalesced and renamed variants), each a few lines. Splitting one
 class across files would hide the one thing a reader wants to see, the whole interface.
-
-Over 300 lines: one method per ``ProcessGroup`` call torch defines, each a few lines over the
-shared submit/check helpers; split apart, a backend would be spread over files that only make
-sense together. Threads live in :mod:`.progress`, datatypes in :mod:`.mpitypes`.
 """
 
 from __future__ import annotations
