@@ -10,13 +10,13 @@ import argparse
 import pytest
 import torch
 
-from mpi_sgd import checkpoint, data, gradsync
+from mpi_sgd import checkpoint, data
 from mpi_sgd.checkpoint import CheckpointError
 from mpi_sgd.comm.local import LocalComm
 from mpi_sgd.comm.torch_dist import unavailable
 from mpi_sgd.config import TrainConfig
 from mpi_sgd.models import build_model, check_input
-from mpi_sgd.trainer import Trainer, make_optimizer
+from tests.unit.test_checkpoint_dirs import trainer  # the same tiny trainer
 
 
 def one_line(e: pytest.ExceptionInfo) -> str:
@@ -92,18 +92,9 @@ def test_negative_class_labels_are_refused(tmp_path):
 
 
 # -- checkpoints ---------------------------------------------------------------------------------
-def trainer(tmp_path, **kw) -> Trainer:
-    cfg = TrainConfig(**{"model": "ffnet", "dataset": "toy", "epochs": 2, "progress": False, **kw})
-    ds = data.toy_regression(num_samples=64, input_size=4)
-    torch.manual_seed(0)
-    model = build_model(cfg.model, (4,), 1)
-    comm = LocalComm()
-    return Trainer(model, make_optimizer(cfg, model), gradsync.make("flat", model, comm), ds, comm, cfg)
-
-
 def written(tmp_path, name="ckpt.pt", **kw) -> str:
     path = str(tmp_path / name)
-    trainer(tmp_path, checkpoint=path, **kw).train()
+    trainer(checkpoint=path, **kw).train()
     return path
 
 
@@ -130,34 +121,34 @@ def test_unreadable_checkpoints_never_suggest_weights_only_false(tmp_path, conte
     else:
         path.write_bytes(content)
     with pytest.raises(CheckpointError) as e:
-        trainer(tmp_path).load_checkpoint(str(path))
+        trainer().load_checkpoint(str(path))
     assert message in one_line(e) and "bad.pt" in str(e.value)
 
 
 def test_someone_elses_file_and_another_models_checkpoint(tmp_path):
     torch.save(torch.nn.Linear(4, 1).state_dict(), tmp_path / "weights.pt")
     with pytest.raises(CheckpointError) as e:
-        trainer(tmp_path).load_checkpoint(str(tmp_path / "weights.pt"))
+        trainer().load_checkpoint(str(tmp_path / "weights.pt"))
     assert "is not a checkpoint of mpi_sgd's trainer: it has no model, optimizer" in one_line(e)
     path = written(tmp_path, epochs=1)
     with pytest.raises(CheckpointError) as e:
-        trainer(tmp_path, model="mlp", epochs=3).load_checkpoint(path)
+        trainer(model="mlp", epochs=3).load_checkpoint(path)
     assert "was written for another model" in one_line(e) and "--model and --dataset" in str(e.value)
 
 
 def test_another_optimizers_checkpoint(tmp_path):
     path = written(tmp_path, epochs=1)  # sgd
     with pytest.raises(CheckpointError) as e:
-        trainer(tmp_path, optimizer="adam", epochs=3).load_checkpoint(path)
+        trainer(optimizer="adam", epochs=3).load_checkpoint(path)
     assert "was written with another --optimizer" in one_line(e)
 
 
 def test_resuming_a_finished_run_says_so_instead_of_training_nothing(tmp_path):
     path = written(tmp_path, epochs=2)
     with pytest.raises(CheckpointError) as e:
-        trainer(tmp_path, epochs=2).load_checkpoint(path)
+        trainer(epochs=2).load_checkpoint(path)
     assert "is already at epoch 2" in one_line(e) and "nothing is left to train with --epochs 2" in str(e.value)
-    resumed = trainer(tmp_path, epochs=3)
+    resumed = trainer(epochs=3)
     resumed.load_checkpoint(path)  # one more epoch to go: fine
     assert resumed.train()["steps"] == 3 * resumed.steps_per_epoch
 
