@@ -85,3 +85,17 @@ def new_figure(nrows: int = 1, ncols: int = 1, **kw):
     import matplotlib.pyplot as plt
 
     return plt.subplots(nrows, ncols, **kw)
+
+
+def plot_by_size(path, series: dict, ylabel: str, title: str) -> None:
+    """One log-log line per name in ``series`` ({name: (sizes in bytes, times in us)}), saved to ``path``."""
+    fig, ax = new_figure(figsize=(7, 4.5))
+    for name, (sizes, times) in series.items():
+        ax.loglog(sizes, times, marker="o", ms=3, label=name)
+    ax.set_xlabel("message size (bytes)")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)

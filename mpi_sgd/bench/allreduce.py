@@ -24,7 +24,7 @@ import torch
 from ..collectives import ring_allreduce
 from ..comm import TORCH_BACKENDS, Communicator
 from ..comm.buffers import zeros
-from ..report import human_bytes, markdown_table, new_figure, save_results
+from ..report import human_bytes, markdown_table, plot_by_size, save_results
 from ..timing import osu_iterations, time_interleaved
 
 IMPLS = ("raw", "seam", "seam-torchalloc", "ring", *TORCH_BACKENDS)
@@ -156,17 +156,11 @@ def overhead_note(rows, threshold=64 << 10) -> str:
 
 
 def plot(rows, impls, path) -> None:
-    fig, ax = new_figure(figsize=(7, 4.5))
+    series = {}
     for impl in impls:
-        pts = [(r["bytes"], r["avg_s"] * 1e6) for r in rows if r["impl"] == impl]
-        ax.loglog(*zip(*pts, strict=True), marker="o", ms=3, label=impl)
-    ax.set_xlabel("message size (bytes)")
-    ax.set_ylabel("all-reduce time (us)")
-    ax.set_title(f"all-reduce, {rows[0]['ranks']} ranks")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+        mine = [r for r in rows if r["impl"] == impl]
+        series[impl] = ([r["bytes"] for r in mine], [r["avg_s"] * 1e6 for r in mine])
+    plot_by_size(path, series, "all-reduce time (us)", f"all-reduce, {rows[0]['ranks']} ranks")
 
 
 def main(comm, args) -> int:

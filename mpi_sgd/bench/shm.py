@@ -28,7 +28,7 @@ import numpy as np
 
 from ..args import choices_list, nbytes, positive_int
 from ..comm.buffers import zeros
-from ..report import add_output_arguments, human_bytes, markdown_table, new_figure, save_results
+from ..report import add_output_arguments, human_bytes, markdown_table, plot_by_size, save_results
 from ..timing import time_interleaved
 from .allreduce import sizes
 
@@ -170,16 +170,9 @@ def table(rows, impls) -> str:
 
 
 def plot(rows, impls, path) -> None:
-    fig, ax = new_figure(figsize=(7, 4.5))
-    for impl in impls:
-        ax.loglog([r["bytes"] for r in rows], [1e6 * r[impl] for r in rows], marker="o", ms=3, label=impl)
-    ax.set_xlabel("message size (bytes)")
-    ax.set_ylabel("time per call (us)")
-    ax.set_title(f"all-reduce on fresh buffers, {rows[0]['ranks']} ranks")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    sizes = [r["bytes"] for r in rows]
+    series = {impl: (sizes, [1e6 * r[impl] for r in rows]) for impl in impls}
+    plot_by_size(path, series, "time per call (us)", f"all-reduce on fresh buffers, {rows[0]['ranks']} ranks")
 
 
 def main(comm, args) -> int:
