@@ -21,7 +21,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
-import mpi_sgd.comm.torch_mpi4py  # noqa: F401  (registers the "mpi4py" backend)
+import mpi_sgd.comm.backends.torch_mpi4py  # noqa: F401  (registers the "mpi4py" backend)
 
 parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 parser.add_argument("--backend", default="mpi4py", help="torch.distributed backend: mpi4py or gloo (default mpi4py)")

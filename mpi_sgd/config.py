@@ -15,7 +15,7 @@ from dataclasses import MISSING, dataclass, field, fields
 from .amp import MODES as AMP_MODES
 from .checkpoint import check_writable, checkpoints
 from .comm import BACKENDS, TORCH_BACKENDS
-from .comm.compress import DTYPES as COMPRESS_DTYPES
+from .comm.wrappers.compress import DTYPES as COMPRESS_DTYPES
 from .data import BUILTIN
 from .gradsync import STRATEGIES
 from .models import MODELS
@@ -168,7 +168,7 @@ class TrainConfig:
         """
         import torch
 
-        from .comm.torch_dist import unavailable
+        from .comm.backends.torch_dist import unavailable
 
         try:
             device = torch.device(self.device)
@@ -187,7 +187,7 @@ class TrainConfig:
                 "(which stages GPU tensors through pinned host memory)"
             )
         # mpi4py with --device cuda needs no check: init() stages GPU tensors through pinned host
-        # memory where the MPI library is not CUDA-aware (mpi_sgd.comm.gpu, mpi_sgd.comm.staged).
+        # memory where the MPI library is not CUDA-aware (mpi_sgd.comm.gpu, mpi_sgd.comm.wrappers.staged).
         if self.backend == "local" and world_size > 1:
             raise ValueError(f"--backend local is one process, but this job has {world_size}; use mpi4py or gloo")
 

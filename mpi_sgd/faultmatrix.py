@@ -2,7 +2,7 @@
 
 Each case launches a real two-rank job of a training script (``--script``, e.g. the examples'
 ``sync_sgd.py``) with one thing wrong: a fault injected on rank 1 (``MPI_SGD_FAULT``, see
-:mod:`mpi_sgd.comm.faults`), a bad argument, a dataset too small for the batch, a hostfile that
+:mod:`mpi_sgd.comm.wrappers.faults`), a bad argument, a dataset too small for the batch, a hostfile that
 does not exist; then the checkpoint kill drills (:data:`DRILLS`). A case passes when the job
 ends with the status it should, prints a message naming the cause (and, for every injected fault,
 the rank to blame: rank 1), and ends within its bound: seconds after the fault for injected ones (read from
@@ -106,7 +106,7 @@ def run_case(case: Case, script: str, stall_timeout: float, cwd: str | None = No
 def judge(case: Case, status: int, output: str, start: float, end: float, stall_timeout: float) -> Outcome:
     """Did the job that ran ``case`` (exit ``status``, ``output``, launched and ended at wall-clock
     ``start`` and ``end``) end as it should?"""
-    from .comm.faults import ANNOUNCE
+    from .comm.wrappers.faults import ANNOUNCE
 
     fault_at = re.search(rf"^{re.escape(ANNOUNCE)} .* at ([\d.]+)$", output, re.M)
     death = explain_death(output)

@@ -22,7 +22,7 @@ Each strategy below leaves exactly that ``g`` in every ``param.grad``:
 Where the buckets live. When the communicator can share memory between the ranks of a node
 (``comm.node_shared``: the mpi4py backend with two or more ranks on a host), flat and bucketed
 gradients are allocated through ``comm.alloc_shared``, so the all-reduce reads and writes the other
-ranks' buckets directly (:mod:`mpi_sgd.comm.shm_allreduce`) instead of copying through MPI. Then
+ranks' buckets directly (:mod:`mpi_sgd.comm.shm.allreduce`) instead of copying through MPI. Then
 every parameter's gradient is a view into a shared bucket, large ones included; ``shared=False``
 keeps today's ordinary buffers.
 
@@ -273,7 +273,7 @@ class BucketedAllReduce(FlatAllReduce):
     progress thread), makes the overlap real between hooks too but burns a core per rank spinning,
     which costs more than it gains when ranks share few cores; it needs ``MPI_THREAD_MULTIPLE``.
     torch.distributed backends (gloo, nccl) progress on their own threads either way. Shared-memory
-    buckets progress the same way, by these polls (see :mod:`mpi_sgd.comm.shm_allreduce`).
+    buckets progress the same way, by these polls (see :mod:`mpi_sgd.comm.shm.allreduce`).
     """
 
     def __init__(self, model, comm, bucket_mb: float = 1.0, events=None, shared: bool | None = None):
@@ -333,12 +333,12 @@ def make(strategy: str, model: nn.Module, comm, bucket_mb: float = 1.0, events: 
          compress: str = "none", shared: bool | None = None) -> GradSync:  # fmt: skip
     """The strategy named ``strategy`` (one of :data:`STRATEGIES`) for ``model`` on ``comm``.
 
-    ``compress`` ``fp16``/``bf16`` carries its all-reduces in 16 bits (:mod:`mpi_sgd.comm.compress`).
+    ``compress`` ``fp16``/``bf16`` carries its all-reduces in 16 bits (:mod:`mpi_sgd.comm.wrappers.compress`).
     ``shared``: flat and bucketed buckets in node-shared memory when the communicator offers it
     (None, the default), or never (False).
     """
     if compress != "none":
-        from .comm.compress import DTYPES, CompressedComm
+        from .comm.wrappers.compress import DTYPES, CompressedComm
 
         comm = CompressedComm(comm, DTYPES[compress])
     if strategy == "naive":

@@ -2,7 +2,7 @@
 
 Launchers announce rank and size in environment variables of their own. They are read here,
 in one place, for the code that must know them before any communicator exists (choosing a
-GPU before NCCL starts, say). Once MPI is up, :class:`~mpi_sgd.comm.mpi.MPIComm` asks MPI
+GPU before NCCL starts, say). Once MPI is up, :class:`~mpi_sgd.comm.backends.mpi.MPIComm` asks MPI
 itself, which is authoritative.
 """
 

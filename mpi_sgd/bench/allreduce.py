@@ -74,7 +74,7 @@ def run(
     comm, impls=("raw", "seam", "ring", "gloo"), min_bytes=4, max_bytes=64 << 20, iterations=None, warmup=None, rounds=5
 ):
     """Sweep the sizes; returns one dict per (size, impl) with seconds and bandwidths."""
-    from ..comm.torch_dist import TorchDistComm
+    from ..comm.backends.torch_dist import TorchDistComm
 
     peers = {name: TorchDistComm(name, comm) for name in impls if name in TORCH_BACKENDS}
     sync = torch.cuda.synchronize if "nccl" in peers else None

@@ -14,8 +14,8 @@ from .allreduce import IMPLS
 
 def _run_allreduce(args) -> int:
     from ..comm import init
-    from ..comm.torch_dist import backend_available
-    from ..comm.watchdog import without_watchdog
+    from ..comm.backends.torch_dist import backend_available
+    from ..comm.wrappers.watchdog import without_watchdog
     from . import allreduce
 
     missing = [i for i in args.impls if i in TORCH_BACKENDS and not backend_available(i)]

@@ -7,11 +7,11 @@ backward, gradient averaging, momentum update) at per-rank batch B for:
   the ranks still share the host's cores and memory bandwidth as they do in the runs below;
 * ``naive``, ``flat``, ``bucketed``  the strategies of :mod:`mpi_sgd.gradsync` over mpi4py, flat and
   bucketed with their buckets in node-shared memory when ranks share a host (the shared all-reduce
-  of :mod:`mpi_sgd.comm.shm_allreduce`);
+  of :mod:`mpi_sgd.comm.shm.allreduce`);
 * ``bucketed-mpi`` bucketed with its buckets in ordinary memory, reduced by MPI's all-reduce;
 * ``ddp-gloo`` ``torch.nn.parallel.DistributedDataParallel`` over gloo, defaults untouched:
   what a user of plain PyTorch would run;
-* ``ddp-mpi4py`` the same DDP over the ``"mpi4py"`` torch backend (:mod:`mpi_sgd.comm.torch_mpi4py`);
+* ``ddp-mpi4py`` the same DDP over the ``"mpi4py"`` torch backend (:mod:`mpi_sgd.comm.backends.torch_mpi4py`);
 * ``unchecked`` (only when named in ``--variants``) ``bucketed`` without its non-finite check
   (:meth:`mpi_sgd.gradsync.GradSync.outgoing`): set beside ``bucketed``, what that check costs;
 * ``bucketed-no-watchdog`` (only when asked for) ``bucketed`` on the communicator under the stall
@@ -52,7 +52,7 @@ from .. import gradsync
 from ..args import positive_floats
 from ..comm import BACKENDS
 from ..comm.buffers import zeros
-from ..comm.watchdog import without_watchdog
+from ..comm.wrappers.watchdog import without_watchdog
 from ..launch import placement
 from ..models import BENCHMARK_MLP, build_model
 from ..report import add_output_arguments, markdown_table, new_figure, save_results
@@ -268,8 +268,8 @@ def plot(rows, path) -> None:
 
 
 def main(comm, args) -> int:
+    from ..comm.backends.torch_dist import TorchDistComm
     from ..comm.gpu import local_device
-    from ..comm.torch_dist import TorchDistComm
     from ..launch import pin_threads
 
     threads = pin_threads(comm.local_size)

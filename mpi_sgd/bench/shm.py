@@ -3,7 +3,7 @@
 For each power-of-two size it times, interleaved in one run (see :mod:`.timing`):
 
 * ``shared`` ``comm.allreduce`` on (a numpy view of) a buffer from ``comm.alloc_shared``
-  (:mod:`mpi_sgd.comm.shm_allreduce`);
+  (:mod:`mpi_sgd.comm.shm.allreduce`);
 * ``raw``    ``MPI.Comm.Allreduce(IN_PLACE, ndarray)``: the MPI library's own all-reduce;
 * ``seam``   ``comm.allreduce`` on an ordinary torch tensor: what the strategies did before shared buckets;
 * ``gloo``   ``torch.distributed.all_reduce`` over gloo;
@@ -107,7 +107,7 @@ class _Pools:
 def run(comm, impls, min_bytes: int, max_bytes: int, pool_bytes: int, rounds: int, iters=None) -> list[dict]:
     peer = None
     if "gloo" in impls:
-        from ..comm.torch_dist import TorchDistComm
+        from ..comm.backends.torch_dist import TorchDistComm
 
         peer = TorchDistComm("gloo", comm)
     pools = _Pools(comm, impls, max(pool_bytes, 2 * max_bytes), peer)
@@ -176,7 +176,7 @@ def plot(rows, impls, path) -> None:
 
 
 def main(comm, args) -> int:
-    from ..comm.shm_allreduce import MIN_BYTES
+    from ..comm.shm.allreduce import MIN_BYTES
 
     impls = tuple(args.impls)
     rows = run(comm, impls, args.min_bytes, args.max_bytes, args.pool, args.rounds, args.iterations)
@@ -198,7 +198,7 @@ def main(comm, args) -> int:
 
 def _run(args) -> int:
     from ..comm import init
-    from ..comm.watchdog import without_watchdog
+    from ..comm.wrappers.watchdog import without_watchdog
 
     if args.min_bytes > args.max_bytes:
         args.parser.error(f"--min-bytes ({args.min_bytes}) is larger than --max-bytes ({args.max_bytes})")

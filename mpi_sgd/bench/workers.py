@@ -45,8 +45,8 @@ def measure(comm, sizes, backends, warmup=WARMUP_STEPS, iterations=10) -> list[d
     """This world's column: seconds per all-reduce for each backend and size."""
     import torch
 
+    from ..comm.backends.torch_dist import TorchDistComm
     from ..comm.buffers import zeros
-    from ..comm.torch_dist import TorchDistComm
     from ..timing import time_interleaved
 
     rows = []
@@ -87,7 +87,7 @@ def plot(rows, path) -> None:
 
 
 def _backends(args) -> list[str]:
-    from ..comm.torch_dist import backend_available
+    from ..comm.backends.torch_dist import backend_available
 
     out = []
     for b in args.backends:

@@ -14,7 +14,7 @@ and prints three tables:
    4 B gradients, 8 B Adam state or 4 B momentum per parameter). The slowest of the ranks'
    figures is shown (ranks differ only by padding).
 2. **Communication**: bytes handed to each kind of collective in one step, counted by a
-   :class:`~mpi_sgd.comm.counting.CountingComm` around the communicator, their volume in units
+   :class:`~mpi_sgd.comm.wrappers.counting.CountingComm` around the communicator, their volume in units
    of Ψ (the parameter count times 4 B) beside the paper's 2Ψ and 3Ψ, and the bytes a rank sends
    with bandwidth-optimal collectives, (R-1)/R of the volume.
 3. **Step time**, variants interleaved (:mod:`.timing`), slowest rank, with the ratio to plain
@@ -33,7 +33,7 @@ from torch.nn import functional as F
 
 from .. import gradsync, zero
 from ..args import positive_int, positive_ints
-from ..comm.counting import CountingComm
+from ..comm.wrappers.counting import CountingComm
 from ..models import MLP
 from ..perfmodel import memory as memmodel
 from ..report import add_output_arguments, markdown_table, new_figure, save_results

@@ -84,7 +84,7 @@ def measure_step(
     """
     import torch
 
-    from ..comm.local import LocalComm
+    from ..comm.backends.local import LocalComm
     from ..config import TrainConfig
     from ..gradsync import make
     from ..models import MLP

@@ -1,9 +1,15 @@
-"""The communicator seam and its backends; :func:`init` picks one."""
+"""The communicator seam and its backends; :func:`init` picks one and wraps it.
+
+``base.py`` is the seam, ``backends/`` implement it, ``wrappers/`` add one concern each around any
+backend, ``shm/`` is the node-shared all-reduce the mpi4py backend uses; ``buffers.py`` and
+``gpu.py`` turn tensors into memory a transport can read.
+"""
 
 from __future__ import annotations
 
 import os
 
+from .backends import BACKENDS, TORCH_BACKENDS
 from .base import (
     ANY_SOURCE,
     ANY_TAG,
@@ -15,10 +21,6 @@ from .base import (
     Status,
     split_counts,
 )
-
-# torch.distributed's, behind TorchDistComm; torch-mpi4py is torch over this project's "mpi4py" group
-TORCH_BACKENDS = ("torch-mpi4py", "gloo", "mpi", "nccl")
-BACKENDS = ("mpi4py", "local", *TORCH_BACKENDS)  # every name init() accepts
 
 
 def init(
@@ -33,53 +35,53 @@ def init(
     ``mpi4py`` (the default) works at any size, ``python script.py`` included (MPI's singleton
     mode); ``local`` is world size 1 with no MPI at all; ``gloo``/``mpi``/``nccl`` are
     torch.distributed backends rendezvousing over mpi4py, and ``torch-mpi4py`` is torch.distributed
-    over this project's ``"mpi4py"`` process group (:mod:`.torch_mpi4py`). Where CUDA is present,
+    over this project's ``"mpi4py"`` process group (:mod:`.backends.torch_mpi4py`). Where CUDA is present,
     ``mpi4py`` takes GPU tensors too (:func:`_for_gpus`). With ``debug`` (default: the
     ``MPI_SGD_DEBUG`` environment variable) the communicator is wrapped in a
-    :class:`~mpi_sgd.comm.checked.CheckedComm`, which compares every collective's arguments across
+    :class:`~mpi_sgd.comm.wrappers.checked.CheckedComm`, which compares every collective's arguments across
     ranks first. With ``abort_on_error`` an uncaught exception on any rank aborts the whole job
     instead of leaving the others waiting.
 
-    In a job of more than one rank, a :class:`~mpi_sgd.comm.watchdog.Watchdog` reports a rank that
+    In a job of more than one rank, a :class:`~mpi_sgd.comm.wrappers.watchdog.Watchdog` reports a rank that
     waits in one call ``stall_timeout`` seconds (default ``MPI_SGD_STALL_TIMEOUT``, else 60; 0: no
     watchdog), names the missing ranks and aborts (``stall_abort``: see the watchdog). With
-    ``MPI_SGD_FAULT`` set, a :class:`~mpi_sgd.comm.faults.FaultComm` goes around it all.
+    ``MPI_SGD_FAULT`` set, a :class:`~mpi_sgd.comm.wrappers.faults.FaultComm` goes around it all.
     """
     from ..launch import check_world, env_flag, env_seconds, install_abort_hook
 
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
     if backend == "local":
-        from .local import LocalComm
+        from .backends.local import LocalComm
 
         comm: Communicator = LocalComm()
     else:
-        from .mpi import MPIComm
+        from .backends.mpi import MPIComm
 
         comm = MPIComm()
         check_world(comm.size)  # srun without PMI: N singletons that would each train alone
         if backend == "mpi4py":
             comm = _for_gpus(comm)
         else:
-            from .torch_dist import TorchDistComm
+            from .backends.torch_dist import TorchDistComm
 
             comm = TorchDistComm(backend, comm)
             if backend == "nccl":
-                from .staged import DeviceStagedComm
+                from .wrappers.staged import DeviceStagedComm
 
                 comm = DeviceStagedComm(comm, comm.device)  # NCCL reduces device memory only
     if env_flag("MPI_SGD_DEBUG") if debug is None else debug:
-        from .checked import CheckedComm
+        from .wrappers.checked import CheckedComm
 
         comm = CheckedComm(comm)
     if stall_timeout is None:
         stall_timeout = env_seconds("MPI_SGD_STALL_TIMEOUT", 60.0)
     if stall_timeout > 0 and comm.size > 1:
-        from .watchdog import Watchdog
+        from .wrappers.watchdog import Watchdog
 
         comm = Watchdog(comm, stall_timeout, stall_abort)
     if os.environ.get("MPI_SGD_FAULT"):
-        from .faults import Fault, FaultComm
+        from .wrappers.faults import Fault, FaultComm
 
         comm = FaultComm(comm, Fault.parse(os.environ["MPI_SGD_FAULT"]))
     if abort_on_error:
@@ -97,7 +99,7 @@ def _for_gpus(comm: Communicator) -> Communicator:
 
     if cuda_aware():
         return comm  # MPIComm hands device memory to MPI itself, after a stream sync
-    from .staged import StagedComm
+    from .wrappers.staged import StagedComm
 
     return StagedComm(comm)
 

@@ -2,18 +2,19 @@
 
 Everything above this layer (examples, collectives built from point-to-point, gradient
 synchronisation, the trainer, the benchmarks) talks to a :class:`Communicator` that it is
-handed explicitly. Three backends implement it:
+handed explicitly. The package is laid out by role:
 
-* :class:`~mpi_sgd.comm.mpi.MPIComm`: mpi4py's buffer (uppercase) methods, zero-copy on
-  contiguous CPU torch tensors and numpy arrays. The default.
-* :class:`~mpi_sgd.comm.torch_dist.TorchDistComm`: ``torch.distributed`` with the mpi, gloo or
-  nccl backend.
-* :class:`~mpi_sgd.comm.local.LocalComm`: world size 1, so ``python script.py`` runs the same
-  code as ``mpiexec -n 4 python script.py``.
-
-Concerns that apply to every backend alike (debug-mode argument checks, and later a watchdog,
-fault injection, byte counting) are wrappers around any of them:
-:class:`~mpi_sgd.comm.wrapper.CommWrapper`, e.g. :class:`~mpi_sgd.comm.checked.CheckedComm`.
+* ``backends/`` implement the seam: :class:`~mpi_sgd.comm.backends.mpi.MPIComm` (mpi4py's buffer
+  methods, zero-copy on contiguous CPU tensors and numpy arrays; the default),
+  :class:`~mpi_sgd.comm.backends.torch_dist.TorchDistComm` (``torch.distributed`` with the mpi,
+  gloo or nccl backend, or torch over this project's own ``"mpi4py"`` process group,
+  :mod:`~mpi_sgd.comm.backends.torch_mpi4py`) and :class:`~mpi_sgd.comm.backends.local.LocalComm`
+  (world size 1, so ``python script.py`` runs the same code as ``mpiexec -n 4 python script.py``).
+* ``wrappers/`` hold the concerns that apply to every backend alike, each a
+  :class:`~mpi_sgd.comm.wrappers.wrapper.CommWrapper` around any communicator: debug-mode argument
+  checks, the stall watchdog, fault injection, byte counting, 16-bit compression, GPU staging.
+* ``shm/`` is the all-reduce of buffers in memory shared by the ranks of a node, which the mpi4py
+  backend takes for buffers from :meth:`Communicator.alloc_shared`.
 
 Buffer conventions (the same on every backend):
 
@@ -32,10 +33,14 @@ import abc
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
+from .errors import CollectiveMismatchError, CommError
+
 OPS = ("sum", "avg", "min", "max", "prod")
 # Wildcards for probe/iprobe: a message from any rank, with any tag (MPI_ANY_SOURCE, MPI_ANY_TAG).
 ANY_SOURCE = -1
 ANY_TAG = -1
+
+__all__ = ["CollectiveMismatchError", "CommError"]  # defined in errors.py, part of the seam
 
 
 class Status(NamedTuple):
@@ -44,14 +49,6 @@ class Status(NamedTuple):
     source: int
     tag: int
     count: int
-
-
-class CommError(RuntimeError):
-    """A communication call was given something it cannot send (wrong dtype, device, layout)."""
-
-
-class CollectiveMismatchError(CommError):
-    """Ranks entered the same collective with different shapes, dtypes, ops or roots."""
 
 
 def check_op(op: str) -> str:
@@ -254,7 +251,7 @@ class Communicator(abc.ABC):
 
         Collective: every rank calls it with the same ``n`` and ``dtype`` (default float32). The
         mpi4py backend places it in a window shared by the ranks of a node (see
-        :mod:`mpi_sgd.comm.shm`); this default is an ordinary buffer, so every backend takes it.
+        :mod:`mpi_sgd.comm.shm.window`); this default is an ordinary buffer, so every backend takes it.
         """
         from .buffers import zeros
 

@@ -2,7 +2,7 @@
 
 A contiguous CPU tensor and its ``.numpy()`` view share storage, so handing the view to
 mpi4py's buffer methods is zero-copy. (The mpi4py backend names a plain tensor's memory more
-directly still, see :func:`mpi_sgd.comm.mpi._spec`, and comes here for everything else; passing
+directly still, see :func:`mpi_sgd.comm.backends.mpi._spec`, and comes here for everything else; passing
 the tensor itself would go through mpi4py's DLPack path, which costs far more per call.)
 
 :func:`as_array` does no checks of its own on the way through: ``.numpy()`` already refuses
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import CommError
+from .errors import CommError
 
 try:  # torch is a dependency, but keep the MPI layer importable without it
     import torch

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import sys
 
-from ..comm.wrapper import CommWrapper
+from ..comm.wrappers.wrapper import CommWrapper
 
 
 class ExitAfter(CommWrapper):

@@ -23,8 +23,8 @@ def grid(comm, stages: int):
         raise ValueError(f"{comm.size} ranks cannot form pipelines of {stages} stages (stages must divide the size)")
     if comm.size == 1:
         return comm, comm
-    from ..comm.mpi import MPIComm
-    from ..comm.wrapper import CommWrapper
+    from ..comm.backends.mpi import MPIComm
+    from ..comm.wrappers.wrapper import CommWrapper
 
     wrappers, base = [], comm
     while isinstance(base, CommWrapper):

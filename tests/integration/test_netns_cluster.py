@@ -115,7 +115,7 @@ def test_hostfiles_place_ranks_as_their_comments_say(cluster, placement, expecte
     assert "".join(hosts[str(r)] for r in range(4)) == expected, out.stdout
 
 
-LAYOUT = [sys.executable, "-c", "from mpi_sgd.comm.mpi import MPIComm; import sys; c = MPIComm(); "
+LAYOUT = [sys.executable, "-c", "from mpi_sgd.comm.backends.mpi import MPIComm; import sys; c = MPIComm(); "
           "c.alloc_shared(1); m = c._shm.mem; "
           "sys.stdout.write(f'rank {c.rank}: node of {m.size}, multi-node {m.multi_node}\\n')"]  # fmt: skip
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 from mpi4py import MPI
 
-from mpi_sgd.comm.local import LocalComm
-from mpi_sgd.comm.mpi import MPIComm
+from mpi_sgd.comm.backends.local import LocalComm
+from mpi_sgd.comm.backends.mpi import MPIComm
 
 COMMS = ("world", "dup", "self", "local", "gloo", "torch-mpi4py")
 _made: dict[str, object] = {}
@@ -27,7 +27,7 @@ def _make(name: str):
         elif name == "local":
             _made[name] = LocalComm()
         else:  # gloo, torch-mpi4py: each on a torch group of its own
-            from mpi_sgd.comm.torch_dist import TorchDistComm
+            from mpi_sgd.comm.backends.torch_dist import TorchDistComm
 
             _made[name] = TorchDistComm(name, _make("world"))
     return _made[name]

@@ -8,7 +8,7 @@ Tolerances, after 6 SGD steps that move the parameters by about 0.1 (asserted, s
 comparison means something): ``--amp bf16/fp16`` rounds matrix-product inputs to 8 (bf16) or 11
 (fp16) significant bits, a relative error of up to 2^-8 = 0.4% per gradient term; measured, the
 parameters end within 2e-3 of float32's at R = 1-3. We allow 5e-3. ``--compress`` rounds only the
-all-reduced gradients (the bound in :mod:`mpi_sgd.comm.compress`): measured within 2e-4 (bf16) and
+all-reduced gradients (the bound in :mod:`mpi_sgd.comm.wrappers.compress`): measured within 2e-4 (bf16) and
 2e-5 (fp16); we allow 1e-3 and 1e-4. A real mistake (a gradient not averaged, a skipped or
 doubled step, a rank's gradients left out) moves parameters by a whole step, ~1e-2 to 1e-1.
 """

@@ -1,8 +1,8 @@
 """Two wrapper communicators of the GPU path, checked on the CPU against every backend.
 
-* :class:`~mpi_sgd.comm.compress.CompressedComm`: all-reduce in 16 bits, held to the error bound
+* :class:`~mpi_sgd.comm.wrappers.compress.CompressedComm`: all-reduce in 16 bits, held to the error bound
   its module states (against the exact float64 sum), and shown to have really gone through 16 bits.
-* :class:`~mpi_sgd.comm.staged.StagedComm`: GPU tensors through host copies. With no GPU here,
+* :class:`~mpi_sgd.comm.wrappers.staged.StagedComm`: GPU tensors through host copies. With no GPU here,
   CPU tensors are made to take the staging path, so the copying in and out, shapes, roots and
   non-blocking requests are checked; the results must equal the unwrapped communicator's exactly.
 """

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from mpi_sgd.comm import CollectiveMismatchError, CommError, init
-from mpi_sgd.comm.checked import CheckedComm
-from mpi_sgd.comm.mpi import MPIComm
-from mpi_sgd.comm.watchdog import Watchdog
+from mpi_sgd.comm.backends.mpi import MPIComm
+from mpi_sgd.comm.wrappers.checked import CheckedComm
+from mpi_sgd.comm.wrappers.watchdog import Watchdog
 
 pytestmark = pytest.mark.mpi
 

@@ -138,7 +138,7 @@ def test_pipelines_side_by_side_data_parallel_equal_the_unsplit_model(world, sta
 
 def test_grid_keeps_the_wrappers_of_the_communicator_it_splits(world):
     """Debug mode on the world stays on in each pipeline and each data-parallel group."""
-    from mpi_sgd.comm.checked import CheckedComm
+    from mpi_sgd.comm.wrappers.checked import CheckedComm
 
     stages = world.size if world.size % 2 else max(1, world.size // 2)
     pipe, data = grid(CheckedComm(world), stages)

@@ -18,7 +18,7 @@ import torch
 
 from mpi_sgd import agree, checkpoint, data, gradsync
 from mpi_sgd.checkpoint import CheckpointError
-from mpi_sgd.comm.faults import Fault, FaultComm
+from mpi_sgd.comm.wrappers.faults import Fault, FaultComm
 from mpi_sgd.config import TrainConfig
 from mpi_sgd.models import build_model
 from mpi_sgd.trainer import Trainer, TrainingDiverged

@@ -22,10 +22,10 @@ from mpi4py import MPI
 
 from mpi_sgd import gradsync
 from mpi_sgd.comm import CollectiveMismatchError, CommError
-from mpi_sgd.comm.mpi import MPIComm
-from mpi_sgd.comm.shm_allreduce import MIN_BYTES
-from mpi_sgd.comm.shm_reduce import CHUNK_BYTES
-from mpi_sgd.comm.shm_sync import StalledRankError
+from mpi_sgd.comm.backends.mpi import MPIComm
+from mpi_sgd.comm.shm.allreduce import MIN_BYTES
+from mpi_sgd.comm.shm.reduce import CHUNK_BYTES
+from mpi_sgd.comm.shm.sync import StalledRankError
 from tests.helpers import assert_close, rank_data, tolerance
 from tests.mpi import test_sync_sgd as sgd
 

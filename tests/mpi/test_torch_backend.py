@@ -25,7 +25,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-import mpi_sgd.comm.torch_mpi4py  # noqa: F401 - registers the backend
+import mpi_sgd.comm.backends.torch_mpi4py  # noqa: F401 - registers the backend
 from tests.helpers import assert_close, rank_data, reference, tolerance
 
 pytestmark = pytest.mark.mpi

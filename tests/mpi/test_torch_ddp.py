@@ -30,7 +30,7 @@ from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn import functional as F
 from torch.nn.parallel import DistributedDataParallel
 
-import mpi_sgd.comm.torch_mpi4py  # noqa: F401 - registers the backend
+import mpi_sgd.comm.backends.torch_mpi4py  # noqa: F401 - registers the backend
 from mpi_sgd import comm as mpicomm
 from mpi_sgd import data, gradsync
 from mpi_sgd.config import TrainConfig

@@ -12,8 +12,8 @@ import time
 import pytest
 import torch
 
-from mpi_sgd.comm.watchdog import CHECK_EVERY, Watchdog
-from mpi_sgd.comm.wrapper import CommWrapper
+from mpi_sgd.comm.wrappers.watchdog import CHECK_EVERY, Watchdog
+from mpi_sgd.comm.wrappers.wrapper import CommWrapper
 
 
 @pytest.mark.parametrize("comm", ["world", "gloo"], indirect=True)

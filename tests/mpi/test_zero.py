@@ -33,8 +33,8 @@ from mpi4py import MPI
 from torch import nn
 
 from mpi_sgd import data, gradsync, zero
-from mpi_sgd.comm.counting import CountingComm
-from mpi_sgd.comm.mpi import MPIComm
+from mpi_sgd.comm.backends.mpi import MPIComm
+from mpi_sgd.comm.wrappers.counting import CountingComm
 from mpi_sgd.config import TrainConfig
 from mpi_sgd.models import build_model
 from mpi_sgd.perfmodel import memory as memmodel

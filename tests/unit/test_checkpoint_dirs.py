@@ -12,7 +12,7 @@ import torch
 
 from mpi_sgd import checkpoint, data, gradsync
 from mpi_sgd.checkpoint import CheckpointError, drill, store
-from mpi_sgd.comm.local import LocalComm
+from mpi_sgd.comm.backends.local import LocalComm
 from mpi_sgd.config import TrainConfig
 from mpi_sgd.models import build_model
 from mpi_sgd.trainer import Trainer, make_optimizer

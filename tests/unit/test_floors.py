@@ -35,7 +35,7 @@ def modules() -> list[Path]:
 
 
 def unit_of(path: Path) -> str:
-    """mpi_sgd/comm/mpi.py -> 'comm'; mpi_sgd/trainer.py -> 'trainer'."""
+    """mpi_sgd/comm/backends/mpi.py -> 'comm'; mpi_sgd/trainer.py -> 'trainer'."""
     return path.relative_to(PACKAGE).with_suffix("").parts[0]
 
 
@@ -118,9 +118,112 @@ def test_the_library_never_reaches_into_examples(path):
     )
 
 
+# Inside comm/, bottom to top: the errors; the seam and the helpers that turn tensors into memory;
+# the node-shared all-reduce; the backends (the mpi4py one uses shm/); the wrappers, which wrap any
+# communicator and so never name a backend; the face, init(), which picks and stacks them.
+COMM_FLOORS = (
+    ("errors",),
+    ("base", "buffers", "gpu"),
+    ("shm",),
+    ("backends",),
+    ("wrappers",),
+    ("__init__",),
+)
+COMM_FLOOR = {room: level for level, rooms in enumerate(COMM_FLOORS) for room in rooms}
+COMM = PACKAGE / "comm"
+
+
+def comm_room(path: Path) -> str:
+    """mpi_sgd/comm/backends/mpi.py -> 'backends'; mpi_sgd/comm/base.py -> 'base'."""
+    parts = path.relative_to(COMM).with_suffix("").parts
+    return parts[0]
+
+
+def imported_modules(path: Path) -> set[str]:
+    """Every mpi_sgd module ``path`` imports, as a dotted name (``from . import x`` names x)."""
+    package = path.relative_to(PACKAGE.parent).with_suffix("").parts[:-1]
+    if path.name == "__init__.py":
+        package = path.relative_to(PACKAGE.parent).parts[:-1]
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = list(package[: len(package) - node.level + 1])
+                mod = ".".join([*base, node.module] if node.module else base)
+            else:
+                mod = node.module
+            # `from pkg import sub` imports the module pkg.sub (pkg itself only as its parent, as any
+            # import does); `from mod import name` imports mod.
+            subs = {f"{mod}.{a.name}" for a in node.names} & MODULES
+            out |= subs if len(subs) == len(node.names) else {mod} | subs
+    return {m for m in out if m.split(".")[0] == "mpi_sgd"}
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(p) for p in PACKAGE.rglob("*.py")}
+
+
+def comm_modules() -> list[Path]:
+    return sorted(COMM.rglob("*.py"))
+
+
+def test_comm_is_split_into_rooms_by_role():
+    rooms = sorted(p.name for p in COMM.iterdir() if p.is_dir() and (p / "__init__.py").exists())
+    assert rooms == ["backends", "shm", "wrappers"]
+    unknown = sorted({comm_room(p) for p in comm_modules()} - set(COMM_FLOOR))
+    assert not unknown, f"add {unknown} to COMM_FLOORS in {Path(__file__).name}"
+
+
+@pytest.mark.parametrize("path", comm_modules(), ids=lambda p: str(p.relative_to(COMM)))
+def test_no_comm_module_imports_a_higher_room(path):
+    mine = COMM_FLOOR[comm_room(path)]
+    above = set()
+    for name in imported_modules(path):
+        parts = name.split(".")
+        if parts[:2] != ["mpi_sgd", "comm"]:
+            continue
+        room = parts[2] if len(parts) > 2 else "__init__"
+        if room in COMM_FLOOR and COMM_FLOOR[room] > mine and not (room == "__init__" and len(parts) > 3):
+            above.add(room)
+    assert not above, f"comm/{path.relative_to(COMM)} imports {sorted(above)} from a higher room"
+
+
+def test_no_import_circle():
+    # Modules as nodes, every import an edge (those inside functions too): a circle means two
+    # modules that can only be understood together, and an import order that works by luck.
+    names = {module_name(p): p for p in PACKAGE.rglob("*.py")}
+    graph = {name: {m for m in imported_modules(path) if m in names and m != name} for name, path in names.items()}
+    # A package's face importing its own submodules is the one allowed direction; a submodule
+    # importing its package face back is the circle this test is for.
+    state, circles = {}, []
+
+    def visit(node, stack):
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                circles.append(stack[stack.index(nxt) :] + [nxt])
+            elif nxt not in state:
+                visit(nxt, stack)
+        stack.pop()
+        state[node] = 2
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node, [])
+    assert not circles, "import circles: " + "; ".join(" -> ".join(c) for c in circles)
+
+
 def test_the_floors_check_sees_imports():
     # The checks above could pass by reading nothing; they must see what is really there.
     assert imported_units(PACKAGE / "cli.py") >= {"args", "bench"}
-    assert "comm" in imported_units(PACKAGE / "comm" / "torch_dist.py")  # from . import TORCH_BACKENDS
+    assert "comm" in imported_units(PACKAGE / "comm" / "backends" / "torch_dist.py")  # from ..base import
+    assert "mpi_sgd.comm.backends" in imported_modules(PACKAGE / "comm" / "backends" / "torch_dist.py")
     assert {"launch", "comm"} <= imported_units(PACKAGE / "comm" / "__init__.py")
     assert "trainer" in imported_units(PACKAGE / "calibrate" / "measure.py")  # an import inside a function

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from mpi_sgd import data, gradsync
-from mpi_sgd.comm.local import LocalComm
+from mpi_sgd.comm.backends.local import LocalComm
 from mpi_sgd.config import TrainConfig
 from mpi_sgd.launch import placement
 from mpi_sgd.models import MODELS, build_model

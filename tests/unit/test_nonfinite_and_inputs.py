@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from mpi_sgd import data, gradsync
-from mpi_sgd.comm.faults import Fault, FaultComm
-from mpi_sgd.comm.local import LocalComm
-from mpi_sgd.comm.wrapper import CommWrapper
+from mpi_sgd.comm.backends.local import LocalComm
+from mpi_sgd.comm.wrappers.faults import Fault, FaultComm
+from mpi_sgd.comm.wrappers.wrapper import CommWrapper
 from mpi_sgd.config import TrainConfig
 from mpi_sgd.models import build_model
 from mpi_sgd.trainer import Trainer, TrainingDiverged

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from mpi_sgd.comm.local import LocalComm
+from mpi_sgd.comm.backends.local import LocalComm
 from mpi_sgd.models import MLP, FFNet, LeNet
 from mpi_sgd.pipeline import (
     SCHEDULES,

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from mpi_sgd.bench import shm as bench_shm
-from mpi_sgd.comm.shm import node_size_override
-from mpi_sgd.comm.shm_reduce import LINE, slice_bounds
-from mpi_sgd.comm.shm_sync import DEFAULT_TIMEOUT, timeout_setting
+from mpi_sgd.comm.shm.reduce import LINE, slice_bounds
+from mpi_sgd.comm.shm.sync import DEFAULT_TIMEOUT, timeout_setting
+from mpi_sgd.comm.shm.window import node_size_override
 
 
 @pytest.mark.parametrize("itemsize", [4, 8])

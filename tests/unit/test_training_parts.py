@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from mpi_sgd import data, gradsync
+from mpi_sgd.comm.backends.local import LocalComm
 from mpi_sgd.comm.base import Request
-from mpi_sgd.comm.local import LocalComm
 from mpi_sgd.config import TrainConfig
 from mpi_sgd.models import MLP, build_model
 

@@ -8,10 +8,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mpi_sgd.comm.faults import Fault, FaultComm
-from mpi_sgd.comm.local import LocalComm
-from mpi_sgd.comm.stallreport import mismatch_report, stall_report
-from mpi_sgd.comm.watchdog import Watchdog
+from mpi_sgd.comm.backends.local import LocalComm
+from mpi_sgd.comm.wrappers.faults import Fault, FaultComm
+from mpi_sgd.comm.wrappers.stallreport import mismatch_report, stall_report
+from mpi_sgd.comm.wrappers.watchdog import Watchdog
 from mpi_sgd.launch import env_seconds
 
 

@@ -13,11 +13,11 @@ import pytest
 import torch
 
 from mpi_sgd.comm import CollectiveMismatchError, Communicator
-from mpi_sgd.comm.checked import CheckedComm
-from mpi_sgd.comm.faults import Fault, FaultComm
-from mpi_sgd.comm.local import LocalComm
-from mpi_sgd.comm.watchdog import Watchdog
-from mpi_sgd.comm.wrapper import CommWrapper
+from mpi_sgd.comm.backends.local import LocalComm
+from mpi_sgd.comm.wrappers.checked import CheckedComm
+from mpi_sgd.comm.wrappers.faults import Fault, FaultComm
+from mpi_sgd.comm.wrappers.watchdog import Watchdog
+from mpi_sgd.comm.wrappers.wrapper import CommWrapper
 
 SEAM = sorted(
     name for name, member in inspect.getmembers(Communicator) if not name.startswith("_") and callable(member)

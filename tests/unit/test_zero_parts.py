@@ -8,8 +8,8 @@ import torch
 from torch import nn
 
 from mpi_sgd import zero
-from mpi_sgd.comm.counting import CountingComm
-from mpi_sgd.comm.local import LocalComm
+from mpi_sgd.comm.backends.local import LocalComm
+from mpi_sgd.comm.wrappers.counting import CountingComm
 from mpi_sgd.zero.units import build_units
 
 

@@ -1,7 +1,7 @@
 """The watchdog's messages, as pure functions of what each rank said about itself.
 
 A *status* is the small dict every rank's watchdog keeps (see
-:meth:`mpi_sgd.comm.watchdog.Watchdog.status`): ``rank``, ``host``, ``pid``, ``step`` (None
+:meth:`mpi_sgd.comm.wrappers.watchdog.Watchdog.status`): ``rank``, ``host``, ``pid``, ``step`` (None
 outside a training loop), ``phase`` and ``phase_age`` (what the rank last said it was doing, and
 how long ago), ``seq`` (collectives it has started), ``blocked`` (``[seq, label, seconds]`` of the
 call it is waiting in, or None), ``calls`` (its last collectives as ``[seq, label, signature]``),

@@ -10,11 +10,11 @@ default 60, or ``MPI_SGD_STALL_TIMEOUT``), the rank asks every other rank for th
 prints which ranks have not started that call, where each was last seen and every rank's Python
 stack (written by :mod:`faulthandler`), then aborts the job with status 1 (``abort_after``:
 seconds of waiting before the abort, default the timeout; 0 reports only). The message is built
-by :mod:`mpi_sgd.comm.stallreport`.
+by :mod:`mpi_sgd.comm.wrappers.stallreport`.
 
 **How a rank blocked in MPI learns about the others**: from a thread of its own with a side
 channel, a duplicated communicator polled with non-blocking calls, which needs
-``MPI_THREAD_MULTIPLE`` (see :mod:`mpi_sgd.comm.monitor`, which also says why not one-sided
+``MPI_THREAD_MULTIPLE`` (see :mod:`mpi_sgd.comm.wrappers.monitor`, which also says why not one-sided
 heartbeats).
 
 **Collective mismatch, always on and cheap.** Every collective's name and signature (shape,
@@ -25,7 +25,7 @@ does not notice) makes rank 0 fetch that rank's recent calls, print the first ca
 on each rank, and abort; at exit every rank sends its final CRC, so a job too short for the
 periodic check still fails. Ranks that disagree and then deadlock are named by the stall report,
 which compares the call both made at the stalled sequence number. Debug mode
-(:class:`~mpi_sgd.comm.checked.CheckedComm`) still checks every call before it is made.
+(:class:`~mpi_sgd.comm.wrappers.checked.CheckedComm`) still checks every call before it is made.
 
 Only small control messages cross the side channel, as JSON (never pickle); nothing listens on
 a socket.
@@ -44,7 +44,7 @@ import zlib
 from collections import deque
 from collections.abc import Callable
 
-from .base import ANY_SOURCE, ANY_TAG, Request
+from ..base import ANY_SOURCE, ANY_TAG, Request
 from .monitor import Monitor
 from .stallreport import call_label
 from .wrapper import CommWrapper

@@ -5,7 +5,7 @@ cheapest of the ways in, cheaper than a ``.numpy()`` view and far cheaper than t
 mpi4py would use on the tensor itself (``mpi-sgd bench allreduce`` shows the seam's per-call cost
 against raw mpi4py). bfloat16 (and float16 where MPI lacks it) travel the same way, reduced by
 user-defined ops (:mod:`.mpitypes`). A CUDA tensor does too when the MPI library is CUDA-aware
-(:func:`.gpu.cuda_aware`), after its stream is synchronised; otherwise ``init`` stages GPU tensors
+(:func:`mpi_sgd.comm.gpu.cuda_aware`), after its stream is synchronised; otherwise ``init`` stages GPU tensors
 through host memory. Everything else (numpy arrays; tensors that fail a check, which then get the
 error that says why) goes through :func:`mpi_sgd.comm.buffers.as_array`. "avg" is MPI's SUM
 followed by an in-place division, since MPI has no average op.
@@ -18,8 +18,8 @@ from collections.abc import Sequence
 import torch
 from mpi4py import MPI
 
-from . import gpu, mpitypes
-from .base import (
+from .. import gpu
+from ..base import (
     ANY_SOURCE,
     ANY_TAG,
     Communicator,
@@ -30,7 +30,8 @@ from .base import (
     element_count,
     split_counts,
 )
-from .buffers import as_array
+from ..buffers import as_array
+from . import mpitypes
 
 _fromaddress = MPI.buffer.fromaddress
 _NUMPY_OPS = {"sum": MPI.SUM, "avg": MPI.SUM, "min": MPI.MIN, "max": MPI.MAX, "prod": MPI.PROD}
@@ -79,7 +80,7 @@ class MPIComm(Communicator):
     """A :class:`Communicator` over an ``mpi4py.MPI.Comm`` (``COMM_WORLD`` unless given one).
 
     Arguments are not compared across ranks here; wrap it in
-    :class:`~mpi_sgd.comm.checked.CheckedComm` for that (``init(debug=True)``).
+    :class:`~mpi_sgd.comm.wrappers.checked.CheckedComm` for that (``init(debug=True)``).
     """
 
     backend = "mpi4py"
@@ -123,10 +124,10 @@ class MPIComm(Communicator):
         self.comm.Probe(_wildcard(source, MPI.ANY_SOURCE), _wildcard(tag, MPI.ANY_TAG), status)
         return Status(status.Get_source(), status.Get_tag(), element_count(status.Get_count(MPI.BYTE), dtype))
 
-    # -- node-shared buffers: the all-reduce of comm/shm_allreduce.py ----------------------
+    # -- node-shared buffers: the all-reduce of comm/shm/allreduce.py ----------------------
     def _init_shared(self, node_size: int | None) -> None:
-        from .shm import node_size_override
-        from .shm_sync import timeout_setting
+        from ..shm.sync import timeout_setting
+        from ..shm.window import node_size_override
 
         timeout_setting()  # a bad MPI_SGD_SHM_TIMEOUT fails here, on every rank, not at the first bucket
         # The windows are made at the first alloc_shared; whether any node has two ranks to share
@@ -137,7 +138,7 @@ class MPIComm(Communicator):
 
     def alloc_shared(self, n, dtype=None):
         if self._shm is None:
-            from .shm_allreduce import SharedAllreduce
+            from ..shm.allreduce import SharedAllreduce
 
             self._shm = SharedAllreduce(self.comm, self._node_size)
         return self._shm.alloc(n, dtype)

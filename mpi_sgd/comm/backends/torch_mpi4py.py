@@ -2,7 +2,7 @@
 
 ::
 
-    import mpi_sgd.comm.torch_mpi4py  # registers the backend
+    import mpi_sgd.comm.backends.torch_mpi4py  # registers the backend
     dist.init_process_group("mpi4py")  # under mpiexec: no MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE
 
 after which ``dist.*``, ``DistributedDataParallel`` and ``ZeroRedundancyOptimizer`` run unchanged over

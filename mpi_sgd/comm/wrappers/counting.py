@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from .base import Communicator, Request
+from ..base import Communicator, Request
 from .wrapper import CommWrapper
 
 

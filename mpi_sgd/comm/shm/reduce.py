@@ -1,4 +1,4 @@
-"""What one rank computes in the shared all-reduce (:mod:`.shm_allreduce`): its slice, chunk by chunk.
+"""What one rank computes in the shared all-reduce (:mod:`.allreduce`): its slice, chunk by chunk.
 
 The node's buffers are cut into R slices of whole cache lines (:func:`slice_bounds`); node rank r
 owns slice r. :func:`reduce_slice` adds every rank's copy of the slice into the target's (its
@@ -47,7 +47,7 @@ def reduce_slice(acc_view: np.ndarray, sources: list[np.ndarray], a: int, b: int
     ``divide_by`` > 1 divides the result ("avg"); with ``push`` the result is then written into
     every source buffer too, chunk by chunk. ``half`` (float16 or bfloat16, whose windows hold
     float16 or uint16 to numpy) sums in float32 and rounds once, as MPI's user-defined ops for
-    16-bit floats do (:mod:`.mpitypes`): R-1 roundings to 8 or 11 bits would cost R-1 times that.
+    16-bit floats do (:mod:`mpi_sgd.comm.backends.mpitypes`): R-1 roundings to 8 or 11 bits would cost R-1 times that.
     """
     if half is not None:
         return _reduce_half(acc_view, sources, a, b, op, push, divide_by, half)

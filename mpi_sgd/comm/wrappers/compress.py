@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import torch
 
-from .base import Request
+from ..base import Request
 from .wrapper import CommWrapper
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}

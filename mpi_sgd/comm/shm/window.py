@@ -5,7 +5,7 @@ Ranks on one host can read and write each other's memory directly. MPI-3 makes t
 ``Win.Allocate_shared`` on that group gives every rank a segment that every other rank of the group
 maps as well (``Shared_query(q)`` is rank q's). :class:`NodeMemory` hands out such segments as
 ordinary torch tensors (numpy views of the window), keeps views of every rank's segment for the
-shared all-reduce (:mod:`.shm_allreduce`) and finds the window a tensor lives in.
+shared all-reduce (:mod:`.allreduce`) and finds the window a tensor lives in.
 
 A window is freed (collectively) once no tensor on any rank uses it: each rank notes the windows
 whose tensors it dropped, and at the next :meth:`NodeMemory.alloc`, which every rank calls anyway,
@@ -32,7 +32,7 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
-from .base import CollectiveMismatchError, CommError
+from ..base import CollectiveMismatchError, CommError
 
 
 def node_size_override(node_size: int | None = None) -> int | None:

@@ -30,7 +30,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from .base import ANY_SOURCE, ANY_TAG, Communicator, Request, Status
+from ..base import ANY_SOURCE, ANY_TAG, Communicator, Request, Status
 
 
 class CommWrapper(Communicator):

@@ -1,7 +1,7 @@
 """The watchdog's thread: how a rank blocked in MPI learns where the other ranks are.
 
 A rank whose main thread waits inside MPI (or gloo) cannot ask anything, so each rank of a job
-with a :class:`~mpi_sgd.comm.watchdog.Watchdog` runs one daemon thread, a :class:`Monitor`, with
+with a :class:`~mpi_sgd.comm.wrappers.watchdog.Watchdog` runs one daemon thread, a :class:`Monitor`, with
 a side channel of its own: a duplicate of the job's MPI communicator (``Dup``: its own context,
 so its messages can never match the training's), used with non-blocking point-to-point calls
 only (``Iprobe``, ``Isend``, ``Recv`` of a probed message) and polled every ``poll`` seconds.

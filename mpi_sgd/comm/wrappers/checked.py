@@ -14,8 +14,8 @@ only the two ranks of a message know of it.
 
 from __future__ import annotations
 
-from .base import CollectiveMismatchError
-from .buffers import signature
+from ..base import CollectiveMismatchError
+from ..buffers import signature
 from .wrapper import CommWrapper
 
 

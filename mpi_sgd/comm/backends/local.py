@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 from collections import defaultdict, deque
 
-from .base import (
+from ..base import (
     ANY_SOURCE,
     ANY_TAG,
     CommError,

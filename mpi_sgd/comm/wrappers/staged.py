@@ -17,8 +17,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .base import Request
-from .gpu import HostBuffers
+from ..base import Request
+from ..gpu import HostBuffers
 from .wrapper import CommWrapper
 
 

@@ -1,4 +1,4 @@
-"""All-reduce of buffers that live in a node-shared window (:mod:`.shm`), without copying through MPI.
+"""All-reduce of buffers that live in a node-shared window (:mod:`.window`), without copying through MPI.
 
 MPI's all-reduce between ranks of one host moves every byte through shared-memory cells: the
 sender copies it in, the receiver copies it out, and then it is reduced; about two passes over
@@ -20,7 +20,7 @@ rank takes the same path, since the size is the same on every rank.
 Per rank that is one read of every buffer's slice and one write of every buffer's slice: about
 the traffic of one ``memcpy`` of the buffer, no copy-in and no copy-out. Chunking is what makes it
 pay, and pushing (each owner writes its slice into every buffer) rather than pulling is what lets
-the written data come from cache: see :mod:`.shm_reduce`, which does the arithmetic.
+the written data come from cache: see :mod:`.reduce`, which does the arithmetic.
 
 **Hierarchical.** When the job spans nodes, step 2 writes the node's sum into node rank 0's buffer
 only; the node leaders all-reduce it with MPI over their own communicator; each other rank then
@@ -38,7 +38,7 @@ shared requests before entering other blocking collectives on the same communica
 strategies do; a rank that does not can stall its peers until the bounded wait names it.
 
 A few lines over 300: the stages above are one state machine over a call; the arithmetic is in
-:mod:`.shm_reduce` and the waiting in :mod:`.shm_sync` already.
+:mod:`.reduce` and the waiting in :mod:`.sync` already.
 """
 
 from __future__ import annotations
@@ -48,10 +48,10 @@ from collections import deque
 import numpy as np
 from mpi4py import MPI
 
-from .base import CollectiveMismatchError, CommError, Request, check_op
-from .shm import NodeMemory, _Segment
-from .shm_reduce import MPI_OP, OP_CODE, OP_NAMES, UFUNC, reduce_slice, slice_bounds
-from .shm_sync import ARRIVED, COPIED, READY, REDUCED, SLOTS, NodeSync
+from ..base import CollectiveMismatchError, CommError, Request, check_op
+from .reduce import MPI_OP, OP_CODE, OP_NAMES, UFUNC, reduce_slice, slice_bounds
+from .sync import ARRIVED, COPIED, READY, REDUCED, SLOTS, NodeSync
+from .window import NodeMemory, _Segment
 
 MIN_BYTES = 64 << 10  # smaller buffers take MPI's own all-reduce
 DONE = 99

@@ -38,7 +38,7 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from .shm import free_window, shared_window
+from .window import free_window, shared_window
 
 # Control block of each rank (int64 words): event counters, then descriptors of calls in flight.
 CONTROL_WORDS = 512  # one 4 KiB page per rank: no two ranks ever write the same cache line

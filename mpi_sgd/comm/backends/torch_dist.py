@@ -31,8 +31,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from ..base import CommError, Communicator, Request, check_avg, check_op, displacements, split_counts
 from . import TORCH_BACKENDS
-from .base import CommError, Communicator, Request, check_avg, check_op, displacements, split_counts
 from .local import Loopback
 from .rendezvous import tcp_store
 
