@@ -102,7 +102,9 @@ want = torch.cat([p.detach().reshape(-1) for p in reference.parameters()])
 worst = comm.allreduce((got - want).abs().max().reshape(1), "max").item()  # over every replica
 if comm.is_root:
     verdict = "agree" if worst <= TOLERANCE else "DISAGREE"
-    print(f"max |parameter difference| against one process at batch {R * B}: {worst:.3g} "
-          f"(tolerance {TOLERANCE:g}): {verdict}")  # fmt: skip
+    print(
+        f"max |parameter difference| against one process at batch {R * B}: {worst:.3g} "
+        f"(tolerance {TOLERANCE:g}): {verdict}"
+    )
 if worst > TOLERANCE:
     raise SystemExit(1)

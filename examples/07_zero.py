@@ -83,15 +83,19 @@ psi = results[0][0].numel()
 # twice, gathered stale) is of order lr = 1e-3. 1e-9 lies between, with margin both ways.
 tolerance = 1e-9
 if comm.is_root:
-    print(f"{R} rank(s); MLP {'-'.join(map(str, args.layers))}: {psi:,} parameters (float64), "
-          f"{args.optimizer}, {args.steps} steps of batch {R}x{B}")  # fmt: skip
+    print(
+        f"{R} rank(s); MLP {'-'.join(map(str, args.layers))}: {psi:,} parameters (float64), "
+        f"{args.optimizer}, {args.steps} steps of batch {R}x{B}"
+    )
 for stage in zero.STAGES:
     diff = (results[stage][0] - results[0][0]).abs().max().item()
     diff = comm.allgather_obj(diff)  # every rank checks its own replica
     if comm.is_root:
         verdict = "equal" if max(diff) <= tolerance else "DIFFERENT"
-        print(f"ZeRO-{stage} vs plain data parallel: max |difference| {max(diff):.1e} "
-              f"(tolerance {tolerance:g}): {verdict}")  # fmt: skip
+        print(
+            f"ZeRO-{stage} vs plain data parallel: max |difference| {max(diff):.1e} "
+            f"(tolerance {tolerance:g}): {verdict}"
+        )
     if max(diff) > tolerance:
         raise SystemExit(1)
 
@@ -107,6 +111,8 @@ if comm.is_root:
     for stage in (0, *zero.STAGES):
         _, at_step, peak = results[stage]
         want = memmodel.model_states(psi, stage, R, opt, "fp64")
-        print(f"| {memmodel.STAGE_NAMES[stage]} | {at_step.params / mib:.2f} | {at_step.grads / mib:.2f} | "
-              f"{at_step.optimizer / mib:.2f} | {at_step.total / mib:.2f} | {want.total / mib:.2f} | "
-              f"{peak.total / mib:.2f} |")  # fmt: skip
+        print(
+            f"| {memmodel.STAGE_NAMES[stage]} | {at_step.params / mib:.2f} | {at_step.grads / mib:.2f} | "
+            f"{at_step.optimizer / mib:.2f} | {at_step.total / mib:.2f} | {want.total / mib:.2f} | "
+            f"{peak.total / mib:.2f} |"
+        )

@@ -83,9 +83,11 @@ worst = max(comm.allgather_obj(worst))
 tol = 1e-12
 if comm.is_root:
     verdict = "equal" if worst <= tol else "DIFFERENT"
-    print(f"{comm.size} stage(s), layers cut at {bounds}, {args.schedule}, m = {args.micro_batches}: "
-          f"parameters and loss vs the unsplit model after {args.steps} steps: max |difference| "
-          f"{worst:.2g} (tolerance {tol:g}): {verdict}")  # fmt: skip
+    print(
+        f"{comm.size} stage(s), layers cut at {bounds}, {args.schedule}, m = {args.micro_batches}: "
+        f"parameters and loss vs the unsplit model after {args.steps} steps: max |difference| "
+        f"{worst:.2g} (tolerance {tol:g}): {verdict}"
+    )
 
 # 3. The bubble: the fraction of each step the stages spend not computing, at several m.
 rows = []

@@ -41,8 +41,9 @@ args = parser.parse_args()
 world = placement()
 try:
     cfg = TrainConfig.from_args(args)
-    async_cfg = AsyncConfig.from_args(args, lr=cfg.lr / world.size, momentum=cfg.momentum,
-                                      batch_size=cfg.batch_size, seed=cfg.seed, evaluations=1)  # fmt: skip
+    async_cfg = AsyncConfig.from_args(
+        args, lr=cfg.lr / world.size, momentum=cfg.momentum, batch_size=cfg.batch_size, seed=cfg.seed, evaluations=1
+    )
     async_cfg.check_world(world.size)
     dataset = data.load(cfg.dataset, cfg.seed)
     data.check_size(len(dataset), world.size, cfg.batch_size)
@@ -81,10 +82,14 @@ result = paramserver.train(comm, model, dataset, async_cfg)
 
 if comm.is_root:
     workers = async_cfg.workers(comm.size)
-    print(f"\nsynchronous:  {comm.size} ranks x {trainer.step} steps = {evaluations} gradients of "
-          f"{cfg.batch_size} samples in {sync_seconds:.2f} s")  # fmt: skip
-    print(f"asynchronous: {async_cfg.servers} server(s) + {workers} worker(s), {result.applied} gradients "
-          f"in {result.seconds:.2f} s; per worker {dict(sorted(result.pushes_by_worker.items()))}")  # fmt: skip
+    print(
+        f"\nsynchronous:  {comm.size} ranks x {trainer.step} steps = {evaluations} gradients of "
+        f"{cfg.batch_size} samples in {sync_seconds:.2f} s"
+    )
+    print(
+        f"asynchronous: {async_cfg.servers} server(s) + {workers} worker(s), {result.applied} gradients "
+        f"in {result.seconds:.2f} s; per worker {dict(sorted(result.pushes_by_worker.items()))}"
+    )
     print(f"staleness tau of the {result.applied} gradients (server version at apply - version computed on):")
     print(paramserver.histogram_text(result.staleness))
     print(f"final loss: asynchronous {paramserver.mean_loss(model, dataset):.4f} vs synchronous {sync_loss:.4f}")

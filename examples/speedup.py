@@ -63,8 +63,10 @@ if args.calibrate:  # as one process, α and β are measured by an mpiexec -n 2 
     calib = run_calibration(args.save, args.max_bytes, args.layers, args.batch_size, args.algorithm, need_network)
     if calib is None:
         sys.exit(0)  # not the root: the model is arithmetic, one rank prints it
-    print(f"measured at {calib.meta['ranks']} rank(s): T_comp {calib.step.seconds * 1e3:.3f} ms "
-          f"({calib.step.model}, batch {args.batch_size}); {calib.network.describe()}")  # fmt: skip
+    print(
+        f"measured at {calib.meta['ranks']} rank(s): T_comp {calib.step.seconds * 1e3:.3f} ms "
+        f"({calib.step.model}, batch {args.batch_size}); {calib.network.describe()}"
+    )
     if args.save:
         print(f"calibration saved to {args.save}")
 elif args.calibration:

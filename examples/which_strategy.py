@@ -39,8 +39,18 @@ if args.network is None and args.alpha is None:
 if args.slowdown < 1:
     parser.error(f"--slowdown is the slowest rank's time over the others', at least 1; got {args.slowdown}")
 network = PRESETS[args.network] if args.network else Network(args.alpha, args.beta, 0.0, "given")
-problem = guide.Problem(args.params, args.memory, network, args.ranks, args.optimizer, args.t_comp, args.slowdown,
-                        args.servers, args.micro_batches, args.boundary_bytes)  # fmt: skip
+problem = guide.Problem(
+    args.params,
+    args.memory,
+    network,
+    args.ranks,
+    args.optimizer,
+    args.t_comp,
+    args.slowdown,
+    args.servers,
+    args.micro_batches,
+    args.boundary_bytes,
+)
 choice, estimates, why = guide.recommend(problem)
 
 print(f"{args.params:,} parameters, {args.memory / 2**30:g} GiB per rank, {args.ranks} ranks, {network.describe()}")
@@ -49,8 +59,17 @@ rows = []
 for e in estimates:
     rate = f"{e.gradients_per_s:.3g}" if e.gradients_per_s else "-"
     speedup = f"{e.gradients_per_s * args.t_comp:.2f}" if e.gradients_per_s and alone else "-"
-    rows.append((e.strategy, f"{e.memory / 2**30:.3g}", "yes" if e.fits else "no", f"{e.bytes_per_step / 2**20:.4g}",
-                 rate, speedup, e.note))  # fmt: skip
+    rows.append(
+        (
+            e.strategy,
+            f"{e.memory / 2**30:.3g}",
+            "yes" if e.fits else "no",
+            f"{e.bytes_per_step / 2**20:.4g}",
+            rate,
+            speedup,
+            e.note,
+        )
+    )
 headers = ("strategy", "state GiB/rank", "fits?", "MiB sent/step", "gradients/s", "vs 1 rank", "note")
 print(markdown_table(headers, rows))
 print(f"\nuse: {choice}: {why}")

@@ -32,8 +32,12 @@ def parameter_count(text: str) -> int:
 parser = ArgumentParser(description=__doc__)
 parser.add_argument("--params", default="7.5B", help="model parameters, e.g. 350M, 7.5B (default 7.5B)")
 parser.add_argument("--optimizer", choices=sorted(mm.OPTIMIZERS), default="adam", help="its state per parameter (adam)")
-parser.add_argument("--precision", choices=sorted(mm.PRECISIONS), default="fp32",
-                    help="fp32: 4 B each; fp64; mixed: fp16 weights, gradients + fp32 master copy (fp32)")  # fmt: skip
+parser.add_argument(
+    "--precision",
+    choices=sorted(mm.PRECISIONS),
+    default="fp32",
+    help="fp32: 4 B each; fp64; mixed: fp16 weights, gradients + fp32 master copy (fp32)",
+)
 parser.add_argument("--ranks", type=rank_list, default=[1, 8, 64], help="data-parallel ranks R (1,8,64)")
 parser.add_argument("--memory", type=nbytes, default=80 << 30, help="memory per rank for model states (80GiB)")
 args = parser.parse_args()
@@ -44,21 +48,29 @@ except ValueError as e:
 
 GiB = 2**30
 p, g, k = mm.constants(args.optimizer, args.precision)
-print(f"Ψ = {psi:,} parameters, {args.precision}: {p} B parameter + {g} B gradient + {k} B {args.optimizer} "
-      f"state each; {args.memory / GiB:g} GiB per rank\n")  # fmt: skip
+print(
+    f"Ψ = {psi:,} parameters, {args.precision}: {p} B parameter + {g} B gradient + {k} B {args.optimizer} "
+    f"state each; {args.memory / GiB:g} GiB per rank\n"
+)
 
 rows = []
 for ranks in args.ranks:
     for stage in mm.STAGES:
         s = mm.model_states(psi, stage, ranks, args.optimizer, args.precision)
         fits = "yes" if s.total <= args.memory else "no"
-        rows.append([ranks, mm.STAGE_NAMES[stage], s.params / GiB, s.grads / GiB, s.optimizer / GiB,
-                     s.total / GiB, fits])  # fmt: skip
+        rows.append(
+            [ranks, mm.STAGE_NAMES[stage], s.params / GiB, s.grads / GiB, s.optimizer / GiB, s.total / GiB, fits]
+        )
 print(markdown_table(["R", "stage", "params GiB", "grads GiB", "optimizer GiB", "total GiB", "fits?"], rows))
 
 print(f"\nlargest model whose states fit in {args.memory / GiB:g} GiB per rank:\n")
-rows = [[ranks] + [f"{mm.largest_model(args.memory, stage, ranks, args.optimizer, args.precision):,}"
-                   for stage in mm.STAGES] for ranks in args.ranks]  # fmt: skip
+rows = [
+    [ranks]
+    + [f"{mm.largest_model(args.memory, stage, ranks, args.optimizer, args.precision):,}" for stage in mm.STAGES]
+    for ranks in args.ranks
+]
 print(markdown_table(["R"] + [mm.STAGE_NAMES[s] for s in mm.STAGES], rows))
-print(f"\ncommunication per rank per step: {', '.join(f'stage {s}: {mm.COMM_VOLUME[s]}Ψ' for s in mm.STAGES)} "
-      "elements (stage 0 = plain data parallel)")  # fmt: skip
+print(
+    f"\ncommunication per rank per step: {', '.join(f'stage {s}: {mm.COMM_VOLUME[s]}Ψ' for s in mm.STAGES)} "
+    "elements (stage 0 = plain data parallel)"
+)

@@ -66,7 +66,7 @@ CASES = (
         r"(watchdog: ranks made different collective calls.*(\n  rank \d+: .*){2}|ranks passed different "
         r"shared buffers to all-reduce.*rank.*)",
         fault="1:3:shape",
-    ),  # fmt: skip
+    ),
     Case("bad argument", r".*--lr must be positive.*", status="2", args=("--lr", "-1")),
     Case("dataset too small", r".*one step needs R\*B.*", status="2", args=("--batch-size", "100000")),
     Case("hostfile missing", r".*(hostfile|host file|No such file).*", launcher=("-f", "no-such-hostfile")),
@@ -130,8 +130,18 @@ def judge(case: Case, status: int, output: str, start: float, end: float, stall_
 
 
 def table(outcomes: list[Outcome]) -> str:
-    rows = [[o.case.name, o.case.status, o.status, f"{o.bound:g} s", f"{o.seconds:.1f} s",
-             "pass" if o.passed else "FAIL", o.message] for o in outcomes]  # fmt: skip
+    rows = [
+        [
+            o.case.name,
+            o.case.status,
+            o.status,
+            f"{o.bound:g} s",
+            f"{o.seconds:.1f} s",
+            "pass" if o.passed else "FAIL",
+            o.message,
+        ]
+        for o in outcomes
+    ]
     return markdown_table(["case", "expected exit", "exit", "bound", "took", "result", "message"], rows)
 
 
@@ -162,11 +172,13 @@ def run_drill(name: str, script: str, cwd: str | None = None) -> Outcome:
 
 
 def add_parser(subparsers) -> None:
-    p = subparsers.add_parser("faults", help="run the fault-injection matrix (start it as one process)",
-                              description=__doc__)  # fmt: skip
+    p = subparsers.add_parser(
+        "faults", help="run the fault-injection matrix (start it as one process)", description=__doc__
+    )
     p.add_argument("--script", required=True, help="the training script every case launches, e.g. sync_sgd.py")
-    p.add_argument("--stall-timeout", type=positive_float, default=3.0,
-                   help="the jobs' --stall-timeout in seconds (default 3)")  # fmt: skip
+    p.add_argument(
+        "--stall-timeout", type=positive_float, default=3.0, help="the jobs' --stall-timeout in seconds (default 3)"
+    )
     p.add_argument("--only", default=None, help="run only the cases whose name contains this text")
     p.add_argument("--no-drills", action="store_true", help="leave out the checkpoint kill drills (a minute or so)")
     p.set_defaults(func=_run)

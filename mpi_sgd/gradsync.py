@@ -329,8 +329,15 @@ class BucketedAllReduce(FlatAllReduce):
             b.pending, b.finished = len(b.params), None
 
 
-def make(strategy: str, model: nn.Module, comm, bucket_mb: float = 1.0, events: list | None = None,
-         compress: str = "none", shared: bool | None = None) -> GradSync:  # fmt: skip
+def make(
+    strategy: str,
+    model: nn.Module,
+    comm,
+    bucket_mb: float = 1.0,
+    events: list | None = None,
+    compress: str = "none",
+    shared: bool | None = None,
+) -> GradSync:
     """The strategy named ``strategy`` (one of :data:`STRATEGIES`) for ``model`` on ``comm``.
 
     ``compress`` ``fp16``/``bf16`` carries its all-reduces in 16 bits (:mod:`mpi_sgd.comm.wrappers.compress`).

@@ -152,8 +152,14 @@ def recommend(p: Problem) -> tuple[str, list[Estimate], str]:
     fitting = [e for e in estimates if e.fits and e.gradients_per_s != 0]
     if not fitting:
         smallest = min(estimates, key=lambda e: e.memory)
-        return "none", estimates, (f"nothing fits: even {smallest.strategy} needs {smallest.memory / 2**30:.2f} GiB "
-                                   f"per rank; add ranks or memory, or shrink the model")  # fmt: skip
+        return (
+            "none",
+            estimates,
+            (
+                f"nothing fits: even {smallest.strategy} needs {smallest.memory / 2**30:.2f} GiB "
+                f"per rank; add ranks or memory, or shrink the model"
+            ),
+        )
     choice = fitting[0]
     why = f"{choice.strategy} is the simplest whose model state fits ({choice.memory / 2**30:.2f} GiB per rank)"
     timed = [e for e in fitting if e.gradients_per_s]

@@ -179,8 +179,11 @@ def mpiexec_command(ranks: int, *argv: str) -> tuple[list[str], dict[str, str]]:
     else:
         beside = shutil.which("mpiexec", path=str(Path(sys.executable).parent))
         mpiexec = [beside or shutil.which("mpiexec") or "mpiexec"]
-    env = {k: v for k, v in os.environ.items()
-           if k in LAUNCHER_SETTINGS or not k.startswith(("PMI_", "HYDRA_", "OMPI_", "PMIX_"))}  # fmt: skip
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k in LAUNCHER_SETTINGS or not k.startswith(("PMI_", "HYDRA_", "OMPI_", "PMIX_"))
+    }
     return [*mpiexec, "-n", str(ranks), sys.executable, *argv], env
 
 

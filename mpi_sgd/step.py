@@ -44,8 +44,15 @@ class Step:
         return self.t_comp + self.t_sync
 
 
-def train_step(model, optimizer, sync: GradSync, x: torch.Tensor, y: torch.Tensor, grad_accum: int = 1,
-               amp: MixedPrecision | None = None) -> Step:  # fmt: skip
+def train_step(
+    model,
+    optimizer,
+    sync: GradSync,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    grad_accum: int = 1,
+    amp: MixedPrecision | None = None,
+) -> Step:
     """One optimizer step on this rank's batch: the step the trainer runs and every benchmark times.
 
     Cross-entropy for class indices, mean squared error for float targets. The batch is split into

@@ -56,8 +56,16 @@ class Trainer:
     scored after every epoch (see :func:`mpi_sgd.data.prepare` for the split).
     """
 
-    def __init__(self, model, optimizer, sync: GradSync, dataset: data.Dataset, comm, cfg: TrainConfig,
-                 val: data.Dataset | None = None):  # fmt: skip
+    def __init__(
+        self,
+        model,
+        optimizer,
+        sync: GradSync,
+        dataset: data.Dataset,
+        comm,
+        cfg: TrainConfig,
+        val: data.Dataset | None = None,
+    ):
         self.model, self.optimizer, self.sync, self.comm, self.cfg = model, optimizer, sync, comm, cfg
         self.dataset, self.val = dataset, val
         self.loss_fn = F.cross_entropy if dataset.classification else F.mse_loss

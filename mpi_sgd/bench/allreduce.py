@@ -174,6 +174,10 @@ def main(comm, args) -> int:
         if args.detail:
             for impl in impls:
                 print(f"\n## {impl}\n" + detail_table(rows, impl))
-        save_results(args, f"allreduce-n{comm.size}", {"benchmark": "allreduce", "ranks": comm.size, "rows": rows},
-                     lambda png: plot(rows, impls, png))  # fmt: skip
+        save_results(
+            args,
+            f"allreduce-n{comm.size}",
+            {"benchmark": "allreduce", "ranks": comm.size, "rows": rows},
+            lambda png: plot(rows, impls, png),
+        )
     return 0

@@ -82,12 +82,22 @@ def run_sync(comm, model, dataset, lr, batch, evaluations, straggler_ms, seed) -
 def run_async(comm, model, dataset, lr, batch, evaluations, straggler_ms, seed) -> dict:
     from .. import paramserver
 
-    cfg = paramserver.AsyncConfig(servers=1, lr=lr / comm.size, batch_size=batch, evaluations=evaluations,
-                                  straggler_ms=straggler_ms, snapshot_every=max(1, evaluations // SNAPSHOTS),
-                                  seed=seed)  # fmt: skip
+    cfg = paramserver.AsyncConfig(
+        servers=1,
+        lr=lr / comm.size,
+        batch_size=batch,
+        evaluations=evaluations,
+        straggler_ms=straggler_ms,
+        snapshot_every=max(1, evaluations // SNAPSHOTS),
+        seed=seed,
+    )
     result = paramserver.train(comm, model, dataset, cfg)
-    return {"seconds": result.seconds, "kept": result.snapshots, "staleness": dict(result.staleness),
-            "pushes_by_worker": dict(result.pushes_by_worker)}  # fmt: skip
+    return {
+        "seconds": result.seconds,
+        "kept": result.snapshots,
+        "staleness": dict(result.staleness),
+        "pushes_by_worker": dict(result.pushes_by_worker),
+    }
 
 
 def job(args) -> int:
@@ -118,10 +128,20 @@ def job(args) -> int:
                 runs[mode].append({**run, "curve": curve, "final_loss": curve[-1][2]})
     if comm.is_root:
         params = sum(p.numel() for p in model.parameters())
-        write_json(Path(args.out_dir) / f"async-{name}-R{comm.size}.json",
-                   {"scenario": name, "ranks": comm.size, "model": model_name, "params": params, "batch": batch,
-                    "evaluations": evaluations, "lr": args.lr, "straggler_ms": args.straggler_ms if slowed else 0,
-                    "runs": runs})  # fmt: skip
+        write_json(
+            Path(args.out_dir) / f"async-{name}-R{comm.size}.json",
+            {
+                "scenario": name,
+                "ranks": comm.size,
+                "model": model_name,
+                "params": params,
+                "batch": batch,
+                "evaluations": evaluations,
+                "lr": args.lr,
+                "straggler_ms": args.straggler_ms if slowed else 0,
+                "runs": runs,
+            },
+        )
     return 0
 
 
@@ -136,9 +156,17 @@ def summarize(result: dict) -> tuple:
         for tau, n in run["staleness"].items():
             taus[int(tau)] = taus.get(int(tau), 0) + n
     mean_tau = sum(t * n for t, n in taus.items()) / max(1, sum(taus.values()))
-    return (result["scenario"], result["ranks"], t_sync, t_async, t_async / t_sync,
-            statistics.median(r["final_loss"] for r in sync), statistics.median(r["final_loss"] for r in asyn),
-            round(mean_tau, 2), max(taus, default=0))  # fmt: skip
+    return (
+        result["scenario"],
+        result["ranks"],
+        t_sync,
+        t_async,
+        t_async / t_sync,
+        statistics.median(r["final_loss"] for r in sync),
+        statistics.median(r["final_loss"] for r in asyn),
+        round(mean_tau, 2),
+        max(taus, default=0),
+    )
 
 
 def verdicts(rows) -> list[str]:
@@ -181,27 +209,55 @@ def main(args) -> int:
             args.parser.error("under mpiexec, name one scenario: --scenarios base, straggler or comm")
         return job(args)
     jobs = [(s, r) for s in args.scenarios for r in ([SCENARIOS[s][3]] if SCENARIOS[s][3] else args.ranks)]
-    passed = ["--rounds", str(args.rounds), "--lr", str(args.lr), "--straggler-ms", str(args.straggler_ms),
-              "--seed", str(args.seed)]  # fmt: skip
+    passed = [
+        "--rounds",
+        str(args.rounds),
+        "--lr",
+        str(args.lr),
+        "--straggler-ms",
+        str(args.straggler_ms),
+        "--seed",
+        str(args.seed),
+    ]
     if args.evaluations:
         passed += ["--evaluations", str(args.evaluations)]
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         for name, ranks in jobs:
-            run_job(ranks, "-m", "mpi_sgd.cli", "bench", "async", "--scenarios", name, "--out-dir", tmp, *passed,
-                    env={"OMP_NUM_THREADS": "1"}, echo=True)  # fmt: skip
+            run_job(
+                ranks,
+                "-m",
+                "mpi_sgd.cli",
+                "bench",
+                "async",
+                "--scenarios",
+                name,
+                "--out-dir",
+                tmp,
+                *passed,
+                env={"OMP_NUM_THREADS": "1"},
+                echo=True,
+            )
             results.append(json.loads((Path(tmp) / f"async-{name}-R{ranks}.json").read_text()))
     rows = [summarize(r) for r in results]
     lines = verdicts(rows)
     print("\n" + markdown_table(HEADERS, rows) + "\n\n" + "\n".join(lines))
-    save_results(args, "async", {"benchmark": "async", "rows": rows, "verdicts": lines, "jobs": results},
-                 lambda png: plot(results, png))  # fmt: skip
+    save_results(
+        args,
+        "async",
+        {"benchmark": "async", "rows": rows, "verdicts": lines, "jobs": results},
+        lambda png: plot(results, png),
+    )
     return 0
 
 
 def add_parser(subparsers) -> None:
-    p = subparsers.add_parser("async", help="asynchronous (parameter server) vs synchronous SGD, same gradients",
-                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p = subparsers.add_parser(
+        "async",
+        help="asynchronous (parameter server) vs synchronous SGD, same gradients",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument(
         "--scenarios",
         type=choices_list(SCENARIOS, "scenario"),

@@ -119,8 +119,10 @@ def main(args) -> int:
     if args.tiny:
         args.models, args.samples, args.repeats = [(0, 10), (2, 64)], [256, 2048], 1
     rows = run(args.models, args.samples, args.batch_size, args.epochs, args.repeats)
-    print(f"# training time: one process, {args.threads} thread(s), batch {args.batch_size}, {args.epochs} epoch(s), "
-          f"median of {args.repeats}")  # fmt: skip
+    print(
+        f"# training time: one process, {args.threads} thread(s), batch {args.batch_size}, {args.epochs} epoch(s), "
+        f"median of {args.repeats}"
+    )
     print(table(rows))
     payload = {"benchmark": "grid", "batch": args.batch_size, "rows": rows}
     save_results(args, "grid", payload, lambda png: plot(rows, png))

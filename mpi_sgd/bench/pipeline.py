@@ -102,14 +102,21 @@ def measure(comm, args) -> dict:
         per_op = comm.allgather_obj([statistics.median(s[k] for s in timed) / m for k in ("forward", "backward")])
         replayed = bubble(simulate(schedule, R, m, [f for f, _ in per_op], [b for _, b in per_op]))
         step = times[f"{schedule} m={m}"].max
-        rows.append({
-            "schedule": schedule, "m": m, "step_s": step, "step_s_min_rank": times[f"{schedule} m={m}"].min,
-            "bubble": 1 - sum(b for b, _ in everyone) / sum(s for _, s in everyone),
-            "compute_s": sum(b for b, _ in everyone) / (R * max(1, len(timed))), "replayed_bubble": replayed,
-            "per_op_s": per_op,
-            "ideal_bubble": ideal_bubble(R, m), "ideal_step_s": unsplit * (m + R - 1) / (m * R),
-            "speedup": unsplit / step,
-        })  # fmt: skip
+        rows.append(
+            {
+                "schedule": schedule,
+                "m": m,
+                "step_s": step,
+                "step_s_min_rank": times[f"{schedule} m={m}"].min,
+                "bubble": 1 - sum(b for b, _ in everyone) / sum(s for _, s in everyone),
+                "compute_s": sum(b for b, _ in everyone) / (R * max(1, len(timed))),
+                "replayed_bubble": replayed,
+                "per_op_s": per_op,
+                "ideal_bubble": ideal_bubble(R, m),
+                "ideal_step_s": unsplit * (m + R - 1) / (m * R),
+                "speedup": unsplit / step,
+            }
+        )
     return {"unsplit_s": unsplit, "bounds": bounds, "rows": rows}
 
 
@@ -121,8 +128,9 @@ def memory(comm, args) -> list[dict]:
             stage, step, _ = _pipeline_step(comm, args, schedule, m, x, y, measure_memory=True)
             step()
             peaks = comm.allgather_obj((stage.meter.peak, peak_in_flight(stage.ops)))
-            rows += [{"schedule": schedule, "m": m, "stage": s, "peak_bytes": p, "held": h}
-                     for s, (p, h) in enumerate(peaks)]  # fmt: skip
+            rows += [
+                {"schedule": schedule, "m": m, "stage": s, "peak_bytes": p, "held": h} for s, (p, h) in enumerate(peaks)
+            ]
     return rows
 
 
@@ -141,8 +149,20 @@ def timelines(comm, args) -> dict:
 
 def bubble_table(rows, unsplit: float) -> str:
     headers = ["schedule", "m", "step ms", "F+B ms", "ideal ms", "x unsplit", "bubble", "replayed", "(R-1)/(m+R-1)"]
-    body = [[r["schedule"], r["m"], 1e3 * r["step_s"], 1e3 * r["compute_s"], 1e3 * r["ideal_step_s"], r["speedup"],
-             r["bubble"], r["replayed_bubble"], r["ideal_bubble"]] for r in rows]  # fmt: skip
+    body = [
+        [
+            r["schedule"],
+            r["m"],
+            1e3 * r["step_s"],
+            1e3 * r["compute_s"],
+            1e3 * r["ideal_step_s"],
+            r["speedup"],
+            r["bubble"],
+            r["replayed_bubble"],
+            r["ideal_bubble"],
+        ]
+        for r in rows
+    ]
     nan = float("nan")
     return markdown_table(headers, [["unsplit", "-", 1e3 * unsplit, nan, nan, 1.0, nan, nan, nan]] + body)
 
@@ -153,8 +173,11 @@ def memory_table(rows, schedules) -> str:
     headers = ["m", "stage"] + [f"{s} KiB" for s in schedules] + [f"{s} held" for s in schedules]
     body = []
     for m, s in keys:
-        body.append([m, s] + [by[(k, m, s)]["peak_bytes"] / 1024 for k in schedules]
-                    + [by[(k, m, s)]["held"] for k in schedules])  # fmt: skip
+        body.append(
+            [m, s]
+            + [by[(k, m, s)]["peak_bytes"] / 1024 for k in schedules]
+            + [by[(k, m, s)]["held"] for k in schedules]
+        )
     return markdown_table(headers, body)
 
 
@@ -184,17 +207,24 @@ def main(comm, args) -> int:
     if not comm.is_root:
         return 0
     R = comm.size
-    print(f"pipeline, {R} stage(s) (layer bounds {timing['bounds']}, split by {args.split}), MLP {args.depth} x "
-          f"{args.width} + 10-way head, batch {args.batch_size}, {threads} torch thread(s) per rank, median of "
-          f"{args.rounds} interleaved blocks of {args.steps} steps, slowest rank\n")  # fmt: skip
+    print(
+        f"pipeline, {R} stage(s) (layer bounds {timing['bounds']}, split by {args.split}), MLP {args.depth} x "
+        f"{args.width} + 10-way head, batch {args.batch_size}, {threads} torch thread(s) per rank, median of "
+        f"{args.rounds} interleaved blocks of {args.steps} steps, slowest rank\n"
+    )
     print(bubble_table(timing["rows"], timing["unsplit_s"]))
     print("\npeak activation memory per stage (bytes autograd held for backward) and micro-batches held at once\n")
     print(memory_table(mem, args.schedules))
     for schedule, trace in traces.items():
         path = write_json(Path(args.out_dir) / f"pipeline-timeline-{schedule}-n{R}.json", trace)
         print(f"timeline ({schedule}, m = {args.timeline_m}): {path}")
-    payload = {"world_size": R, "threads": threads, "config": {k: v for k, v in vars(args).items()
-               if k not in ("func", "parser")}, **timing, "memory": mem}  # fmt: skip
+    payload = {
+        "world_size": R,
+        "threads": threads,
+        "config": {k: v for k, v in vars(args).items() if k not in ("func", "parser")},
+        **timing,
+        "memory": mem,
+    }
     save_results(args, f"pipeline-n{R}", payload, lambda png: plot(timing["rows"], R, png))
     return 0
 
@@ -210,10 +240,18 @@ def add_parser(kinds) -> None:
     p.add_argument("--width", type=positive_int, default=256, help="units per hidden layer (default 256)")
     p.add_argument("--depth", type=positive_int, default=12, help="hidden layers of --width units (default 12)")
     p.add_argument("--batch-size", type=positive_int, default=512, help="samples per step (default 512)")
-    p.add_argument("--micro-batches", type=positive_ints, default=[1, 2, 4, 8],
-                   help="comma-separated micro-batch counts m (default 1,2,4,8)")  # fmt: skip
-    p.add_argument("--schedules", type=choices_list(SCHEDULES, "schedule"), default=list(SCHEDULES),
-                   help=f"comma-separated schedules: {','.join(SCHEDULES)} (default both)")  # fmt: skip
+    p.add_argument(
+        "--micro-batches",
+        type=positive_ints,
+        default=[1, 2, 4, 8],
+        help="comma-separated micro-batch counts m (default 1,2,4,8)",
+    )
+    p.add_argument(
+        "--schedules",
+        type=choices_list(SCHEDULES, "schedule"),
+        default=list(SCHEDULES),
+        help=f"comma-separated schedules: {','.join(SCHEDULES)} (default both)",
+    )
     p.add_argument("--split", choices=SPLITS, default="params", help="how to cut the layers (default params)")
     p.add_argument("--steps", type=positive_int, default=4, help="timed steps per block (default 4)")
     p.add_argument("--rounds", type=positive_int, default=3, help="interleaved blocks per variant (default 3)")

@@ -84,8 +84,18 @@ def watchdog_costs(rows) -> list[str]:
     """'simplenet: bucketed / bucketed-no-watchdog = 1.004x per step' for each model (and bucket size)."""
     out = []
     for r in rows:
-        bare = next((b for b in rows if b["model"] == r["model"] and b["variant"] == r["variant"].replace(
-            "bucketed", NO_WATCHDOG, 1)), None) if r["variant"].startswith("bucketed") else None  # fmt: skip
+        bare = (
+            next(
+                (
+                    b
+                    for b in rows
+                    if b["model"] == r["model"] and b["variant"] == r["variant"].replace("bucketed", NO_WATCHDOG, 1)
+                ),
+                None,
+            )
+            if r["variant"].startswith("bucketed")
+            else None
+        )
         if bare is not None and bare is not r:
             out.append(
                 f"{r['model']}: {r['variant']} / {bare['variant']} = {r['step_s'] / bare['step_s']:.3f}x per step"
@@ -203,8 +213,18 @@ def bench_model(comm, name: str, args, ddp_groups: dict | None = None, device=No
     return rows
 
 
-HEADERS = ["model", "variant", "step ms", "± std", "comm ms", "± std", "comm frac", "x DDP-gloo", "x local",
-           "exposed ms"]  # fmt: skip
+HEADERS = [
+    "model",
+    "variant",
+    "step ms",
+    "± std",
+    "comm ms",
+    "± std",
+    "comm frac",
+    "x DDP-gloo",
+    "x local",
+    "exposed ms",
+]
 EXPOSED_TARGET, STEP_TARGET = 0.35, 1.1  # ddp-mpi4py: exposed vs ddp-gloo's, step vs bucketed's
 
 
@@ -294,9 +314,15 @@ def main(comm, args) -> int:
             print("\n" + "\n".join(lines))
         for line in watchdog_costs(rows):
             print(f"watchdog: {line}")
-        payload = {"world_size": comm.size, "batch_size": args.batch_size, "threads": threads,
-                   "bucket_mb": args.bucket_mb, "backend": comm.backend, "device": device.type,
-                   "rows": rows}  # fmt: skip
+        payload = {
+            "world_size": comm.size,
+            "batch_size": args.batch_size,
+            "threads": threads,
+            "bucket_mb": args.bucket_mb,
+            "backend": comm.backend,
+            "device": device.type,
+            "rows": rows,
+        }
         save_results(args, f"sgd-n{comm.size}", payload, lambda png: plot(rows, png))
     return 0
 
@@ -329,11 +355,16 @@ def add_parser(kinds) -> None:
     )
     p.add_argument("--rounds", type=int, default=5, help="interleaved blocks per variant (default 5)")
     p.add_argument("--steps-per-round", type=int, default=20, help="timed steps per block (default 20)")
-    p.add_argument("--warmup", type=int, default=WARMUP_STEPS,
-                   help=f"discarded steps per variant (default {WARMUP_STEPS})")  # fmt: skip
+    p.add_argument(
+        "--warmup", type=int, default=WARMUP_STEPS, help=f"discarded steps per variant (default {WARMUP_STEPS})"
+    )
     p.add_argument("--seed", type=int, default=0, help="seed for models and data (default 0)")
-    p.add_argument("--backend", default="mpi4py", choices=BACKENDS,
-                   help="communicator of the strategies and comm-only (default mpi4py)")  # fmt: skip
+    p.add_argument(
+        "--backend",
+        default="mpi4py",
+        choices=BACKENDS,
+        help="communicator of the strategies and comm-only (default mpi4py)",
+    )
     p.add_argument("--device", default="cpu", help="cpu, or cuda: one GPU per local rank (default cpu)")
     add_output_arguments(p)
     p.set_defaults(func=_run, parser=p)
@@ -355,6 +386,8 @@ def _run(args) -> int:
         args.parser.fail(str(e))
     ddp = [v for v in args.variants if v in DDP_BACKENDS]
     if args.device != "cpu" and ddp:
-        args.parser.fail(f"{', '.join(ddp)} run on the CPU (the mpi4py torch backend takes CPU tensors): "
-                          "leave them out of --variants with --device cuda")  # fmt: skip
+        args.parser.fail(
+            f"{', '.join(ddp)} run on the CPU (the mpi4py torch backend takes CPU tensors): "
+            "leave them out of --variants with --device cuda"
+        )
     return main(init(args.backend), args)

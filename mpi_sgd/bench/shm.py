@@ -187,12 +187,18 @@ def main(comm, args) -> int:
             f"median of {args.rounds} interleaved blocks, avg over ranks (memcpy: rank 0 alone); "
             "shared and seam through the seam without the stall watchdog"
         )
-        print(f"# below {human_bytes(MIN_BYTES)} a shared buffer takes MPI's own Allreduce: there shared and "
-              "raw differ by the seam's Python dispatch alone")  # fmt: skip
+        print(
+            f"# below {human_bytes(MIN_BYTES)} a shared buffer takes MPI's own Allreduce: there shared and "
+            "raw differ by the seam's Python dispatch alone"
+        )
         print(table(rows, impls))
         print("\n" + "\n".join(verdicts(rows, comm.size)))
-        save_results(args, f"shm-n{comm.size}", {"benchmark": "shm", "ranks": comm.size, "rows": rows},
-                     lambda png: plot(rows, impls, png))  # fmt: skip
+        save_results(
+            args,
+            f"shm-n{comm.size}",
+            {"benchmark": "shm", "ranks": comm.size, "rows": rows},
+            lambda png: plot(rows, impls, png),
+        )
     return 0
 
 

@@ -84,16 +84,48 @@ def calibrate(batch: int, ranks: int, args):
     # needs) keeps the job short.
     sweep = args.max_bytes if ranks == 2 else 16
     layers = ",".join(map(str, BENCHMARK_MLP))  # what --model mlp builds for blobs
-    _run(ranks, args.transport, "-m", "mpi_sgd.calibrate", "--save", str(path), "--layers", layers,
-         "--batch-size", str(batch), "--max-bytes", str(sweep), "--strategy", "flat")  # fmt: skip
+    _run(
+        ranks,
+        args.transport,
+        "-m",
+        "mpi_sgd.calibrate",
+        "--save",
+        str(path),
+        "--layers",
+        layers,
+        "--batch-size",
+        str(batch),
+        "--max-bytes",
+        str(sweep),
+        "--strategy",
+        "flat",
+    )
     return Calibration.load(path)
 
 
 def measure(batch: int, ranks: int, args) -> dict:
     path = args.out_dir / f"train-b{batch}-n{ranks}.json"
-    _run(ranks, args.transport, "-m", "mpi_sgd.bench.validate", "--model", "mlp", "--dataset", "blobs",
-         "--strategy", "flat", "--batch-size", str(batch), "--max-steps", str(args.max_steps),
-         "--epochs", str(10**6), "--no-progress", "--metrics-json", str(path))  # fmt: skip
+    _run(
+        ranks,
+        args.transport,
+        "-m",
+        "mpi_sgd.bench.validate",
+        "--model",
+        "mlp",
+        "--dataset",
+        "blobs",
+        "--strategy",
+        "flat",
+        "--batch-size",
+        str(batch),
+        "--max-steps",
+        str(args.max_steps),
+        "--epochs",
+        str(10**6),
+        "--no-progress",
+        "--metrics-json",
+        str(path),
+    )
     return json.loads(path.read_text())
 
 
@@ -133,9 +165,14 @@ def validate(args) -> tuple[list[list[Row]], dict]:
             sync = AllreduceSync(cals[2].network, cals[2].step.grad_bytes, cals[2].algorithm)
             stats = {r: step_seconds(m) for r, m in runs.items()}
             rows += assemble(b, {r: c.step.seconds for r, c in cals.items()}, sync, {r: s[0] for r, s in stats.items()})
-            raw.setdefault(f"B={b}", []).append({"network": asdict(cals[2].network), "grad_bytes": sync.nbytes,
-                                                 "mean_step_s": {r: s[1] for r, s in stats.items()},
-                                                 "summary": {r: m["summary"] for r, m in runs.items()}})  # fmt: skip
+            raw.setdefault(f"B={b}", []).append(
+                {
+                    "network": asdict(cals[2].network),
+                    "grad_bytes": sync.nbytes,
+                    "mean_step_s": {r: s[1] for r, s in stats.items()},
+                    "summary": {r: m["summary"] for r, m in runs.items()},
+                }
+            )
         repeats.append(rows)
     return repeats, raw
 
@@ -145,8 +182,10 @@ def plot(rows: Sequence[Spread], path: Path) -> None:
 
     def draw(axis, scale, values, style, **kw):  # median, with the spread over the repeats as bars
         mid = [scale * v[1] for v in values]
-        bars = [[m - scale * v[0] for m, v in zip(mid, values, strict=True)],
-                [scale * v[2] - m for m, v in zip(mid, values, strict=True)]]  # fmt: skip
+        bars = [
+            [m - scale * v[0] for m, v in zip(mid, values, strict=True)],
+            [scale * v[2] - m for m, v in zip(mid, values, strict=True)],
+        ]
         return axis.errorbar(ranks, mid, yerr=bars, fmt=style, capsize=3, **kw)[0]
 
     for b in sorted({r.batch for r in rows}):
@@ -187,11 +226,22 @@ def main(args) -> int:
     lines = verdicts(spreads)
     print(f"\n{args.repeats} repeat(s), each figure median (min..max):\n" + table(spreads) + "\n\n" + "\n".join(lines))
     # "rows": medians under the per-run names, the spread beside them; "repeats": every run's rows.
-    rows_json = [{"batch": r.batch, "ranks": r.ranks, "t_step": r.t_step[1], "measured": r.measured[1],
-                  "error": r.error[1], "t_sync_over_t_comp": r.ratio, "pred_speedup": r.pred_speedup[1],
-                  "meas_speedup": r.meas_speedup[1], "pred_pays": r.pred_pays, "meas_pays": r.meas_pays,
-                  "spread": {k: getattr(r, k) for k in ("t_step", "measured", "error", "pred_speedup",
-                                                         "meas_speedup")}} for r in spreads]  # fmt: skip
+    rows_json = [
+        {
+            "batch": r.batch,
+            "ranks": r.ranks,
+            "t_step": r.t_step[1],
+            "measured": r.measured[1],
+            "error": r.error[1],
+            "t_sync_over_t_comp": r.ratio,
+            "pred_speedup": r.pred_speedup[1],
+            "meas_speedup": r.meas_speedup[1],
+            "pred_pays": r.pred_pays,
+            "meas_pays": r.meas_pays,
+            "spread": {k: getattr(r, k) for k in ("t_step", "measured", "error", "pred_speedup", "meas_speedup")},
+        }
+        for r in spreads
+    ]
     payload = {
         "benchmark": "validate",
         "transport": args.transport,
@@ -208,20 +258,41 @@ def main(args) -> int:
 
 
 def add_parser(subparsers) -> None:
-    p = subparsers.add_parser("validate", help="predicted vs measured sync_sgd step time at R = 1, 2 (4 reported)",
-                              description=__doc__)  # fmt: skip
-    p.add_argument("--batches", type=rank_list, default=[1, 512],
-                   help="per-rank batches, one configuration each: a small one the model says will not pay at "
-                   "R = 2 and a large one it says will (default 1,512; at most 1024 for R = 4)")  # fmt: skip
+    p = subparsers.add_parser(
+        "validate", help="predicted vs measured sync_sgd step time at R = 1, 2 (4 reported)", description=__doc__
+    )
+    p.add_argument(
+        "--batches",
+        type=rank_list,
+        default=[1, 512],
+        help="per-rank batches, one configuration each: a small one the model says will not pay at "
+        "R = 2 and a large one it says will (default 1,512; at most 1024 for R = 4)",
+    )
     p.add_argument("--ranks", type=rank_list, default=[1, 2, 4], help="world sizes, 1 and 2 included (default 1,2,4)")
-    p.add_argument("--max-steps", type=positive_int, default=40,
-                   help=f"training steps per run, {WARMUP_STEPS} of them warm-up (40)")  # fmt: skip
-    p.add_argument("--repeats", type=positive_int, default=3,
-                   help="calibrate-and-measure rounds, interleaved; figures come with their spread (3)")  # fmt: skip
-    p.add_argument("--max-bytes", type=nbytes, default=16 << 20, help="largest all-reduce in the calibration sweep "
-                   "(default 16MiB, above the MLP's 7.5 MB of gradients)")  # fmt: skip
-    p.add_argument("--transport", choices=tuple(TRANSPORTS), default="tcp",
-                   help="how ranks talk: tcp as between nodes, or shm, shared memory (default tcp)")  # fmt: skip
+    p.add_argument(
+        "--max-steps",
+        type=positive_int,
+        default=40,
+        help=f"training steps per run, {WARMUP_STEPS} of them warm-up (40)",
+    )
+    p.add_argument(
+        "--repeats",
+        type=positive_int,
+        default=3,
+        help="calibrate-and-measure rounds, interleaved; figures come with their spread (3)",
+    )
+    p.add_argument(
+        "--max-bytes",
+        type=nbytes,
+        default=16 << 20,
+        help="largest all-reduce in the calibration sweep (default 16MiB, above the MLP's 7.5 MB of gradients)",
+    )
+    p.add_argument(
+        "--transport",
+        choices=tuple(TRANSPORTS),
+        default="tcp",
+        help="how ranks talk: tcp as between nodes, or shm, shared memory (default tcp)",
+    )
     add_output_arguments(p)  # each job's own JSON lands there too
     p.set_defaults(func=main, parser=p)
 

@@ -15,8 +15,18 @@ from ..report import markdown_table
 
 TARGETED = (1, 2)  # world sizes the accuracy target applies to; larger ones oversubscribe here
 TOLERANCE = 0.10
-HEADERS = ("config", "R", "pred step (ms)", "meas step (ms)", "error %", "pred T_sync/T_comp",
-           "pred speedup", "meas speedup", "pred pays?", "meas pays?")  # fmt: skip
+HEADERS = (
+    "config",
+    "R",
+    "pred step (ms)",
+    "meas step (ms)",
+    "error %",
+    "pred T_sync/T_comp",
+    "pred speedup",
+    "meas speedup",
+    "pred pays?",
+    "meas pays?",
+)
 
 
 @dataclass(frozen=True)
@@ -58,8 +68,12 @@ def assemble(batch: int, t_comp: Mapping[int, float], sync: Callable[[int], floa
     if 1 not in measured or 1 not in t_comp:
         raise ValueError("speedup is relative to one rank: R = 1 must be calibrated and measured")
     pred_1 = t_comp[1] + sync(1)
-    return [Row(batch, r, t_comp[r], sync(r), measured[r], r * pred_1 / (t_comp[r] + sync(r)),
-                r * measured[1] / measured[r]) for r in sorted(measured)]  # fmt: skip
+    return [
+        Row(
+            batch, r, t_comp[r], sync(r), measured[r], r * pred_1 / (t_comp[r] + sync(r)), r * measured[1] / measured[r]
+        )
+        for r in sorted(measured)
+    ]
 
 
 @dataclass(frozen=True)
@@ -103,13 +117,24 @@ def summarize(repeats: Sequence[Sequence[Row]]) -> list[Spread]:
     for (batch, ranks), rows in groups.items():
         pred, meas = _range([r.t_step for r in rows]), _range([r.measured for r in rows])
         error = (pred[0] / meas[2] - 1, pred[1] / meas[1] - 1, pred[2] / meas[0] - 1)
-        out.append(Spread(batch, ranks, pred, meas, error, statistics.median(r.t_sync / r.t_comp for r in rows),
-                          _range([r.pred_speedup for r in rows]), _range([r.meas_speedup for r in rows])))  # fmt: skip
+        out.append(
+            Spread(
+                batch,
+                ranks,
+                pred,
+                meas,
+                error,
+                statistics.median(r.t_sync / r.t_comp for r in rows),
+                _range([r.pred_speedup for r in rows]),
+                _range([r.meas_speedup for r in rows]),
+            )
+        )
     return out
 
 
-def verdicts(rows: Sequence[Row] | Sequence[Spread], tolerance: float = TOLERANCE,
-             targeted: Sequence[int] = TARGETED) -> list[str]:  # fmt: skip
+def verdicts(
+    rows: Sequence[Row] | Sequence[Spread], tolerance: float = TOLERANCE, targeted: Sequence[int] = TARGETED
+) -> list[str]:
     """One line per target, 'met', 'MISSED' or 'inconclusive' (the spread straddles the line);
     untargeted R are named, not judged. Rows of one run are a spread of one."""
     spreads = [r if isinstance(r, Spread) else summarize([[r]])[0] for r in rows]
@@ -117,8 +142,11 @@ def verdicts(rows: Sequence[Row] | Sequence[Spread], tolerance: float = TOLERANC
     outside = [r for r in aimed if r.error[0] > tolerance or r.error[2] < -tolerance]  # the whole spread
     inside = [r for r in aimed if -tolerance <= r.error[0] and r.error[2] <= tolerance]
     off = [f"B={r.batch} R={r.ranks} {100 * r.error[1]:+.1f}%" for r in outside]
-    unsure = [f"B={r.batch} R={r.ranks} {100 * r.error[0]:+.1f}..{100 * r.error[2]:+.1f}%" for r in aimed
-              if r not in outside and r not in inside]  # fmt: skip
+    unsure = [
+        f"B={r.batch} R={r.ranks} {100 * r.error[0]:+.1f}..{100 * r.error[2]:+.1f}%"
+        for r in aimed
+        if r not in outside and r not in inside
+    ]
     target = f"|error| <= {100 * tolerance:.0f}% at R = {', '.join(map(str, targeted))}"
     if off:
         lines = [f"MISSED: {target} (outside: {'; '.join(off)})"]
@@ -127,8 +155,11 @@ def verdicts(rows: Sequence[Row] | Sequence[Spread], tolerance: float = TOLERANC
     else:
         lines = [f"met: {target}"]
     multi = [r for r in aimed if r.ranks > 1]
-    wrong = [f"B={r.batch} R={r.ranks}" for r in multi if None not in (r.pred_pays, r.meas_pays)
-             and r.pred_pays != r.meas_pays]  # fmt: skip
+    wrong = [
+        f"B={r.batch} R={r.ranks}"
+        for r in multi
+        if None not in (r.pred_pays, r.meas_pays) and r.pred_pays != r.meas_pays
+    ]
     unclear = [f"B={r.batch} R={r.ranks}" for r in multi if None in (r.pred_pays, r.meas_pays)]
     sides = {r.pred_pays for r in multi} - {None}
     if wrong:
@@ -144,9 +175,11 @@ def verdicts(rows: Sequence[Row] | Sequence[Spread], tolerance: float = TOLERANC
     if rest:
         worst = max(rest, key=lambda r: abs(r.error[1]))
         agree = sum(r.pred_pays == r.meas_pays and r.pred_pays is not None for r in rest)
-        lines.append(f"reported, not targeted: R = {', '.join(sorted({str(r.ranks) for r in rest}))} "
-                     f"(worst error B={worst.batch} R={worst.ranks} {100 * worst.error[1]:+.1f}%; "
-                     f"pays? agrees in {agree} of {len(rest)})")  # fmt: skip
+        lines.append(
+            f"reported, not targeted: R = {', '.join(sorted({str(r.ranks) for r in rest}))} "
+            f"(worst error B={worst.batch} R={worst.ranks} {100 * worst.error[1]:+.1f}%; "
+            f"pays? agrees in {agree} of {len(rest)})"
+        )
     return lines
 
 
@@ -161,16 +194,30 @@ def table(rows: Sequence[Row] | Sequence[Spread]) -> str:
     def yes(flag: bool | None, r: Spread) -> str:
         return "baseline" if r.ranks == 1 else {True: "yes", False: "no", None: "?"}[flag]
 
-    body = [(f"B={r.batch}", r.ranks, cell(r.t_step, 1e3, ".2f"), cell(r.measured, 1e3, ".2f"),
-             cell(r.error, 100, "+.1f"), f"{r.ratio:.3f}", cell(r.pred_speedup, 1, ".2f"),
-             cell(r.meas_speedup, 1, ".2f"), yes(r.pred_pays, r), yes(r.meas_pays, r)) for r in spreads]  # fmt: skip
+    body = [
+        (
+            f"B={r.batch}",
+            r.ranks,
+            cell(r.t_step, 1e3, ".2f"),
+            cell(r.measured, 1e3, ".2f"),
+            cell(r.error, 100, "+.1f"),
+            f"{r.ratio:.3f}",
+            cell(r.pred_speedup, 1, ".2f"),
+            cell(r.meas_speedup, 1, ".2f"),
+            yes(r.pred_pays, r),
+            yes(r.meas_pays, r),
+        )
+        for r in spreads
+    ]
     return markdown_table(HEADERS, body)
 
 
 def step_seconds(metrics: dict) -> tuple[float, float]:
     """(median, mean) over the steps after warm-up of the slowest rank's t_comp + t_sync."""
-    per_rank = [[c + s for c, s in zip(comp, sync, strict=True)]
-                for comp, sync in zip(metrics["t_comp"], metrics["t_sync"], strict=True)]  # fmt: skip
+    per_rank = [
+        [c + s for c, s in zip(comp, sync, strict=True)]
+        for comp, sync in zip(metrics["t_comp"], metrics["t_sync"], strict=True)
+    ]
     slowest = [max(step) for step in zip(*per_rank, strict=True)]
     kept = slowest[metrics["warmup_steps"] :] or slowest
     return statistics.median(kept), statistics.fmean(kept)

@@ -67,8 +67,10 @@ def measure(comm, sizes, backends, warmup=WARMUP_STEPS, iterations=10) -> list[d
 def table(rows) -> str:
     headers = ["Backend", "Workers", "Data Size", "Time (s)", "min (s)", "max (s)"]
     rows = sorted(rows, key=lambda r: (BACKENDS.index(r["backend"]), r["workers"], r["bytes"]))
-    body = [[r["backend"], r["workers"], label(r["bytes"]), f"{r['avg_s']:.6f}", f"{r['min_s']:.6f}",
-             f"{r['max_s']:.6f}"] for r in rows]  # fmt: skip
+    body = [
+        [r["backend"], r["workers"], label(r["bytes"]), f"{r['avg_s']:.6f}", f"{r['min_s']:.6f}", f"{r['max_s']:.6f}"]
+        for r in rows
+    ]
     return markdown_table(headers, body)
 
 
@@ -122,8 +124,18 @@ def column(args) -> int:
 
 def launch(args) -> int:
     """As one process: one mpiexec per worker count, then the merged table, JSON and PNG."""
-    passed = ["--max-bytes", str(args.max_bytes), "--backends", ",".join(args.backends), "--out-dir", args.out_dir,
-              "--warmup", str(args.warmup), "--iterations", str(args.iterations)]  # fmt: skip
+    passed = [
+        "--max-bytes",
+        str(args.max_bytes),
+        "--backends",
+        ",".join(args.backends),
+        "--out-dir",
+        args.out_dir,
+        "--warmup",
+        str(args.warmup),
+        "--iterations",
+        str(args.iterations),
+    ]
     rows = []
     for w in args.workers:
         try:
@@ -146,8 +158,10 @@ def main(args) -> int:
         return column(args)
     if args.workers is None:
         args.workers = default_workers(os.cpu_count() or 1)
-        print(f"{os.cpu_count()} cores here: starting jobs of {', '.join(map(str, args.workers))} workers "
-              f"(pass --workers {','.join(map(str, WORKERS))} for the full table, oversubscribed)")  # fmt: skip
+        print(
+            f"{os.cpu_count()} cores here: starting jobs of {', '.join(map(str, args.workers))} workers "
+            f"(pass --workers {','.join(map(str, WORKERS))} for the full table, oversubscribed)"
+        )
     args.backends = _backends(args)  # say once, here, which backends this machine lacks
     return launch(args)
 
@@ -167,10 +181,15 @@ def add_parser(subparsers) -> None:
         "--workers", type=rank_list, help="worker counts to launch (default: those of 2,4,6 that fit the cores)"
     )
     p.add_argument("--max-bytes", type=nbytes, default=1 << 30, help="largest size, at least 1MB (default 1GiB)")
-    p.add_argument("--backends", type=choices_list(CHOICES, "backend"), default=["mpi4py", "gloo", "nccl"],
-                   help="mpi4py (the seam), gloo, nccl (skipped without CUDA) (default all three)")  # fmt: skip
-    p.add_argument("--warmup", type=int, default=WARMUP_STEPS,
-                   help=f"discarded calls per size ({WARMUP_STEPS}; 1 from 100MB)")  # fmt: skip
+    p.add_argument(
+        "--backends",
+        type=choices_list(CHOICES, "backend"),
+        default=["mpi4py", "gloo", "nccl"],
+        help="mpi4py (the seam), gloo, nccl (skipped without CUDA) (default all three)",
+    )
+    p.add_argument(
+        "--warmup", type=int, default=WARMUP_STEPS, help=f"discarded calls per size ({WARMUP_STEPS}; 1 from 100MB)"
+    )
     p.add_argument("--iterations", type=positive_int, default=10, help="timed calls per size (10; 3 from 100MB)")
     add_output_arguments(p)
     p.set_defaults(func=main, parser=p)

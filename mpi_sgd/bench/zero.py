@@ -118,8 +118,9 @@ def measure(comm, args) -> dict:
     calls = {v: _step_fn(m, sync, opt, x, y, record=records[v]) for v, (m, sync, opt) in built.items()}
     times = time_interleaved(comm, calls, iterations=args.steps * args.rounds, warmup=args.warmup, rounds=args.rounds)
     # per variant, the slowest rank's mean seconds blocked in communication and in the optimizer step
-    parts = comm.allgather_obj({v: [statistics.fmean(c) for c in zip(*r[args.warmup :] or r, strict=True)]
-                                for v, r in records.items()})  # fmt: skip
+    parts = comm.allgather_obj(
+        {v: [statistics.fmean(c) for c in zip(*r[args.warmup :] or r, strict=True)] for v, r in records.items()}
+    )
     split = {v: [max(p[v][i] for p in parts) for i in (0, 1)] for v in built}
     # Ranks hold the same amounts up to padding: report the largest.
     everyone = comm.allgather_obj({v: (asdict(m[0]), asdict(m[1])) for v, m in memory.items()})
@@ -141,18 +142,35 @@ def tables(result: dict, R: int, optimizer: str) -> str:
         stage = _stage(v)
         total = sum(at_step.values())
         want = memmodel.model_states(psi, stage, R, opt, "fp32")
-        mem_rows.append([v, _pair(at_step["params"], want.params), _pair(at_step["grads"], want.grads),
-                         _pair(at_step["optimizer"], want.optimizer), _pair(total, want.total),
-                         f"{total / want.total:.3f}", sum(peak.values()) / MIB])  # fmt: skip
+        mem_rows.append(
+            [
+                v,
+                _pair(at_step["params"], want.params),
+                _pair(at_step["grads"], want.grads),
+                _pair(at_step["optimizer"], want.optimizer),
+                _pair(total, want.total),
+                f"{total / want.total:.3f}",
+                sum(peak.values()) / MIB,
+            ]
+        )
         by_op, volume, sent = result["traffic"][v]
         if v != "local":
             ring = memmodel.ring_bytes_sent(psi, stage, R)
-            comm_rows.append([v, by_op.get("allreduce", 0) / MIB, by_op.get("reduce_scatter", 0) / MIB,
-                              by_op.get("allgather", 0) / MIB, f"{volume / (4 * psi):.3f} Ψ",
-                              f"{memmodel.COMM_VOLUME[stage]} Ψ", _pair(sent, ring)])  # fmt: skip
+            comm_rows.append(
+                [
+                    v,
+                    by_op.get("allreduce", 0) / MIB,
+                    by_op.get("reduce_scatter", 0) / MIB,
+                    by_op.get("allgather", 0) / MIB,
+                    f"{volume / (4 * psi):.3f} Ψ",
+                    f"{memmodel.COMM_VOLUME[stage]} Ψ",
+                    _pair(sent, ring),
+                ]
+            )
         t = result["times"][v]
-        time_rows.append([v, 1e3 * t["max"], 1e3 * t["comm"], 1e3 * t["optimizer"], t["max"] / dp_time,
-                          t["max"] / local_time])  # fmt: skip
+        time_rows.append(
+            [v, 1e3 * t["max"], 1e3 * t["comm"], 1e3 * t["optimizer"], t["max"] / dp_time, t["max"] / local_time]
+        )
     k = "8" if opt == "adam" else "4"
     return "\n\n".join(
         [
@@ -160,7 +178,7 @@ def tables(result: dict, R: int, optimizer: str) -> str:
             f"(fp32: 4 B parameters, 4 B gradients, {k} B {optimizer} state per parameter):",
             markdown_table(
                 ["variant", "params", "grads", "optimizer state", "total", "measured/formula", "peak in step"], mem_rows
-            ),  # fmt: skip
+            ),
             f"communication per step per rank, MiB handed to each collective (Ψ = {psi:,} parameters x 4 B):",
             markdown_table(
                 [
@@ -173,7 +191,7 @@ def tables(result: dict, R: int, optimizer: str) -> str:
                     "sent by a ring / formula",
                 ],
                 comm_rows,
-            ),  # fmt: skip
+            ),
             "step time (slowest rank, median of interleaved blocks); of it, blocked in communication and in the "
             "optimizer's update (slowest rank's mean):",
             markdown_table(["variant", "step ms", "comm ms", "update ms", "x dp", "x local"], time_rows),
@@ -208,8 +226,10 @@ def main(comm, args) -> int:
     result = measure(comm, args)
     if comm.is_root:
         model = f"MLP {'-'.join(map(str, args.layers))} ({result['psi']:,} parameters, float32)"
-        print(f"ZeRO at R = {comm.size}: {model}, {args.optimizer}, batch {args.batch_size} per rank, "
-              f"{threads} torch thread(s) per rank\n")  # fmt: skip
+        print(
+            f"ZeRO at R = {comm.size}: {model}, {args.optimizer}, batch {args.batch_size} per rank, "
+            f"{threads} torch thread(s) per rank\n"
+        )
         print(tables(result, comm.size, args.optimizer))
         payload = {"world_size": comm.size, "layers": args.layers, **result}
         save_results(args, f"zero-n{comm.size}", payload, lambda png: plot(result, comm.size, args.optimizer, png))
@@ -227,8 +247,12 @@ def add_parser(kinds) -> None:
     p.add_argument("--layers", type=positive_ints, default=list(LAYERS), help="MLP widths (default %(default)s)")
     p.add_argument("--optimizer", choices=("adam", "sgd"), default="adam", help="adam, or sgd with momentum (adam)")
     p.add_argument("--batch-size", type=positive_int, default=16, help="samples per rank per step (default 16)")
-    p.add_argument("--variants", type=lambda s: s.split(","), default=list(VARIANTS),
-                   help=f"comma-separated: {','.join(VARIANTS)} (default all)")  # fmt: skip
+    p.add_argument(
+        "--variants",
+        type=lambda s: s.split(","),
+        default=list(VARIANTS),
+        help=f"comma-separated: {','.join(VARIANTS)} (default all)",
+    )
     p.add_argument("--bucket-mb", type=float, default=25.0, help="bucket size of 'dp' in MB (default 25)")
     p.add_argument("--steps", type=positive_int, default=2, help="timed steps per block (default 2)")
     p.add_argument("--rounds", type=positive_int, default=3, help="interleaved blocks per variant (default 3)")

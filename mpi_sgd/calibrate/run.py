@@ -34,8 +34,7 @@ def run_calibration(
 
         out = Path(save) if save else Path(tempfile.mkdtemp()) / "calibration.json"
         layers_flag = ["--layers", ",".join(map(str, layers))] if layers else []
-        flags = ["--max-bytes", str(max_bytes), *layers_flag, "--batch-size", str(batch_size),
-                 "--strategy", strategy]  # fmt: skip
+        flags = ["--max-bytes", str(max_bytes), *layers_flag, "--batch-size", str(batch_size), "--strategy", strategy]
         run_job(spawn_ranks, "-m", "mpi_sgd.calibrate", "--save", str(out), *flags, "--algorithm", algorithm)
         return Calibration.load(out)
     from ..comm import init
@@ -58,8 +57,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = ArgumentParser(prog="python -m mpi_sgd.calibrate", description=main.__doc__)
     parser.add_argument("--save", type=Path, required=True, help="JSON file to write (on the root rank)")
     parser.add_argument("--max-bytes", type=nbytes, default=16 << 20, help="largest all-reduce (default 16MiB)")
-    parser.add_argument("--layers", type=positive_ints, default=list(BENCHMARK_MLP),
-                        help=f"MLP widths to time (default {','.join(map(str, BENCHMARK_MLP))})")  # fmt: skip
+    parser.add_argument(
+        "--layers",
+        type=positive_ints,
+        default=list(BENCHMARK_MLP),
+        help=f"MLP widths to time (default {','.join(map(str, BENCHMARK_MLP))})",
+    )
     parser.add_argument("--batch-size", type=positive_int, default=64, help="per-rank batch for T_comp (default 64)")
     parser.add_argument("--algorithm", choices=ALLREDUCE_ALGORITHMS, default="ring", help="cost formula to fit")
     parser.add_argument(
@@ -69,8 +72,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="gradient layout T_comp is timed with, as sync_sgd's --strategy (default flat)",
     )
     args = parser.parse_args(argv)
-    cal = run_calibration(args.save, args.max_bytes, args.layers, args.batch_size, args.algorithm,
-                          need_network=False, strategy=args.strategy)  # fmt: skip
+    cal = run_calibration(
+        args.save,
+        args.max_bytes,
+        args.layers,
+        args.batch_size,
+        args.algorithm,
+        need_network=False,
+        strategy=args.strategy,
+    )
     if cal is not None:
         print(f"{cal.meta['ranks']} rank(s): T_comp {cal.step.seconds * 1e3:.3f} ms; {cal.network.describe()}")
     return 0

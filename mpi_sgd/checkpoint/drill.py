@@ -69,8 +69,12 @@ class _Killer:
             rmtree(path, *a, **kw)
 
         store._write, store._fsync_dir, os.rename, os.replace, shutil.rmtree = (
-            _write, _fsync_dir, _rename, _replace, _rmtree,
-        )  # fmt: skip
+            _write,
+            _fsync_dir,
+            _rename,
+            _replace,
+            _rmtree,
+        )
 
 
 def _role(path: str, temporary: str) -> str:
@@ -148,9 +152,12 @@ def kill_and_resume(command: list[str], env: dict | None = None, timeout: float 
         whole, killed = os.path.join(d, "whole"), os.path.join(d, "killed")
         subprocess.run([*command, "--checkpoint", whole], env=env, check=True, capture_output=True, timeout=timeout)
         job = subprocess.Popen(
-            [*command, "--checkpoint", killed], env=env, start_new_session=True,
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )  # fmt: skip
+            [*command, "--checkpoint", killed],
+            env=env,
+            start_new_session=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         deadline = time.monotonic() + timeout
         while not store.checkpoints(killed) and job.poll() is None and time.monotonic() < deadline:
             time.sleep(0.01)
@@ -160,9 +167,12 @@ def kill_and_resume(command: list[str], env: dict | None = None, timeout: float 
         job.wait()
         at_kill = [os.path.basename(p) for p in store.checkpoints(killed)]
         resumed = subprocess.run(
-            [*command, "--checkpoint", killed, "--resume", "auto"], env=env, capture_output=True, text=True,
+            [*command, "--checkpoint", killed, "--resume", "auto"],
+            env=env,
+            capture_output=True,
+            text=True,
             timeout=timeout,
-        )  # fmt: skip
+        )
         if resumed.returncode != 0:
             return False, time.perf_counter() - start, f"the resumed run failed: {resumed.stderr.strip()[-300:]}"
         found_a, found_b = store.newest_valid(whole, print), store.newest_valid(killed, print)

@@ -117,8 +117,10 @@ def _probe(report: HostReport, python: str, names: list[str], timeout: float) ->
     if not report.local:
         report.ssh = "ok"
     if done.returncode in (126, 127):
-        report.problem("software", f"{python} not found on {report.name}: every host needs the same venv path "
-                       "(or a shared filesystem)")  # fmt: skip
+        report.problem(
+            "software",
+            f"{python} not found on {report.name}: every host needs the same venv path (or a shared filesystem)",
+        )
         return
     try:
         report.facts = json.loads(done.stdout.strip().splitlines()[-1])
@@ -151,26 +153,44 @@ def compare(reports: list[HostReport], launcher: HostReport) -> None:
             continue
         if f.get("mpi") is None:
             r.problem("software", f"mpi4py does not load on {r.name}: {f.get('mpi_error')}")
-        for key, label in (("python", "python"), ("mpi4py", "mpi4py"), ("mpi", "MPI library"), ("torch", "torch"),
-                           ("mpi_sgd", "mpi-sgd")):  # fmt: skip
+        for key, label in (
+            ("python", "python"),
+            ("mpi4py", "mpi4py"),
+            ("mpi", "MPI library"),
+            ("torch", "torch"),
+            ("mpi_sgd", "mpi-sgd"),
+        ):
             if f.get(key) != ref.get(key):
-                r.problem("software", f"{r.name} has {label} {f.get(key)}, the launcher {ref.get(key)}: install the "
-                          "same on every host (the same venv path or a shared filesystem)")  # fmt: skip
+                r.problem(
+                    "software",
+                    f"{r.name} has {label} {f.get(key)}, the launcher {ref.get(key)}: install the "
+                    "same on every host (the same venv path or a shared filesystem)",
+                )
         for peer, seen in f.get("peers", {}).items():
             if peer in (r.name, f.get("hostname")):
                 continue
             if seen["address"] is None:
-                r.problem("network", f"{r.name} cannot resolve {peer}: every host must resolve every other "
-                          "(and the launcher)")  # fmt: skip
+                r.problem(
+                    "network", f"{r.name} cannot resolve {peer}: every host must resolve every other (and the launcher)"
+                )
             elif seen["address"].startswith("127."):
-                r.problem("network", f"{r.name} resolves {peer} to {seen['address']} (loopback): fix /etc/hosts on "
-                          f"{r.name} so {peer} maps to an address the others can reach")  # fmt: skip
+                r.problem(
+                    "network",
+                    f"{r.name} resolves {peer} to {seen['address']} (loopback): fix /etc/hosts on "
+                    f"{r.name} so {peer} maps to an address the others can reach",
+                )
             elif str(seen["dev"]).startswith(LOCAL_BRIDGES):
-                r.problem("network", f"{r.name} would reach {peer} through {seen['dev']} (a local bridge): pin the "
-                          "interface (README: choosing the network interface)")  # fmt: skip
+                r.problem(
+                    "network",
+                    f"{r.name} would reach {peer} through {seen['dev']} (a local bridge): pin the "
+                    "interface (README: choosing the network interface)",
+                )
         if f.get("shm_bytes", 0) < SHM_MIN:
-            r.problem("shm", f"{r.name}: /dev/shm is {f.get('shm_bytes', 0) >> 20} MiB; MPI's shared memory needs "
-                      f"at least {SHM_MIN >> 20} MiB (Docker: --shm-size=1g, compose: shm_size)")  # fmt: skip
+            r.problem(
+                "shm",
+                f"{r.name}: /dev/shm is {f.get('shm_bytes', 0) >> 20} MiB; MPI's shared memory needs "
+                f"at least {SHM_MIN >> 20} MiB (Docker: --shm-size=1g, compose: shm_size)",
+            )
 
 
 def _routes(r: HostReport) -> str:
@@ -188,8 +208,20 @@ def table(reports: list[HostReport]) -> str:
         f = r.facts or {}
         shm = f"{f['shm_bytes'] >> 20} MiB" if "shm_bytes" in f else "-"
         status = "ok" if not r.problems else "FIX"
-        rows.append((r.name, r.address, r.ssh, f.get("python", "-"), f.get("mpi4py") or "-", f.get("mpi") or "-",
-                     f.get("torch") or "-", _routes(r), shm, status))  # fmt: skip
+        rows.append(
+            (
+                r.name,
+                r.address,
+                r.ssh,
+                f.get("python", "-"),
+                f.get("mpi4py") or "-",
+                f.get("mpi") or "-",
+                f.get("torch") or "-",
+                _routes(r),
+                shm,
+                status,
+            )
+        )
     widths = [max(len(str(row[i])) for row in rows) for i in range(len(headers))]
     return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows)
 
@@ -233,13 +265,24 @@ def main(args) -> int:
 
 
 def add_parser(subparsers) -> None:
-    p = subparsers.add_parser("doctor", help="check the hosts of a multi-host run before starting it",
-                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p = subparsers.add_parser(
+        "doctor",
+        help="check the hosts of a multi-host run before starting it",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     where = p.add_mutually_exclusive_group()
     where.add_argument("-hosts", "--hosts", help="comma-separated hosts as given to mpiexec -hosts (a,b or a:2,b:2)")
-    where.add_argument("-f", "--hostfile", "-hostfile", "-machinefile", dest="hostfile",
-                       help="a hostfile as given to mpiexec: hydra (host:N) or Open MPI (host slots=N)")  # fmt: skip
+    where.add_argument(
+        "-f",
+        "--hostfile",
+        "-hostfile",
+        "-machinefile",
+        dest="hostfile",
+        help="a hostfile as given to mpiexec: hydra (host:N) or Open MPI (host slots=N)",
+    )
     p.add_argument("--timeout", type=float, default=10.0, help="seconds each host gets to answer (default 10)")
-    p.add_argument("--python", default=sys.executable,
-                   help="the python every host must have at the same path (default: this one)")  # fmt: skip
+    p.add_argument(
+        "--python", default=sys.executable, help="the python every host must have at the same path (default: this one)"
+    )
     p.set_defaults(func=main, parser=p)

@@ -41,8 +41,20 @@ def ensure_tools() -> None:
         print("installing iproute2 and openssh (apt-get) for the namespace cluster", file=sys.stderr, flush=True)
         env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
         subprocess.run(["apt-get", "update", "-qq"], env=env, capture_output=True)
-        subprocess.run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", "iproute2", "openssh-client",
-                        "openssh-server"], env=env, capture_output=True)  # fmt: skip
+        subprocess.run(
+            [
+                "apt-get",
+                "install",
+                "-y",
+                "-qq",
+                "--no-install-recommends",
+                "iproute2",
+                "openssh-client",
+                "openssh-server",
+            ],
+            env=env,
+            capture_output=True,
+        )
     if not (shutil.which("ip") and shutil.which("ssh") and sshd_path()):
         raise RuntimeError("iproute2 or openssh could not be installed: install iproute2 and openssh-server")
     probe = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True)

@@ -103,8 +103,23 @@ class Cluster:
             ip_cmd("-n", self.ns[h], "link", "set", "lo", "up")
             ip_cmd("-n", self.ns[h], "link", "set", "eth0", "up")
             if self.rate:  # each end sends at most `rate`, as a NIC of that speed would
-                tc = ["tc", "-n", self.ns[h], "qdisc", "add", "dev", "eth0", "root", "tbf", "rate", self.rate,
-                      "burst", "256kb", "latency", "50ms"]  # fmt: skip
+                tc = [
+                    "tc",
+                    "-n",
+                    self.ns[h],
+                    "qdisc",
+                    "add",
+                    "dev",
+                    "eth0",
+                    "root",
+                    "tbf",
+                    "rate",
+                    self.rate,
+                    "burst",
+                    "256kb",
+                    "latency",
+                    "50ms",
+                ]
                 done = subprocess.run(tc, capture_output=True, text=True)
                 if done.returncode != 0:
                     raise RuntimeError(f"cannot shape the link to {self.rate}: {done.stderr.strip()}")
@@ -112,8 +127,11 @@ class Cluster:
         self.dir = Path(tempfile.mkdtemp(prefix=f"{self.tag}-", dir="/run"))
         hosts_file = self.dir / "hosts"
         # UNREACHABLE resolves, but no machine has its address: a host that is down.
-        hosts_file.write_text("127.0.0.1 localhost\n" + "".join(f"{self.address[h]} {h}\n" for h in self.hosts)
-                              + f"{SUBNET}.3 {UNREACHABLE}\n")  # fmt: skip
+        hosts_file.write_text(
+            "127.0.0.1 localhost\n"
+            + "".join(f"{self.address[h]} {h}\n" for h in self.hosts)
+            + f"{SUBNET}.3 {UNREACHABLE}\n"
+        )
         hosts_file.chmod(0o644)
         self._node("keys", self.dir / "keys")
         self._node("client", self.dir / "client", str(self.port), self.dir / "keys")
@@ -162,10 +180,28 @@ class Cluster:
         subprocess.run([str(NODE_SH), *map(str, args)], check=True, capture_output=True)
 
     def _start_host(self, h: str) -> None:
-        setup = (f"mount --bind {self.dir / 'hosts'} /etc/hosts && mount -t tmpfs -o size={SHM_SIZE},mode=1777 tmpfs "
-                 f"/dev/shm && hostname {h} && exec sleep infinity")  # fmt: skip
-        holder = self._popen(["ip", "netns", "exec", self.ns[h], "unshare", "--uts", "--mount", "--ipc", "--pid",
-                              "--fork", "--mount-proc", "sh", "-c", setup])  # fmt: skip
+        setup = (
+            f"mount --bind {self.dir / 'hosts'} /etc/hosts && mount -t tmpfs -o size={SHM_SIZE},mode=1777 tmpfs "
+            f"/dev/shm && hostname {h} && exec sleep infinity"
+        )
+        holder = self._popen(
+            [
+                "ip",
+                "netns",
+                "exec",
+                self.ns[h],
+                "unshare",
+                "--uts",
+                "--mount",
+                "--ipc",
+                "--pid",
+                "--fork",
+                "--mount-proc",
+                "sh",
+                "-c",
+                setup,
+            ]
+        )
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             kids = children(holder.pid)
@@ -212,8 +248,12 @@ class Cluster:
 
     def start_sshd(self, h: str) -> None:
         log = open(self.dir / f"sshd-{h}.log", "ab")  # noqa: SIM115 (the child keeps it)
-        self.sshd[h] = self._popen([*self.enter(h, "/"), str(NODE_SH), "serve", str(self.dir / h)],
-                                   stdout=log, stderr=log, env={"PATH": os.environ.get("PATH", "")})  # fmt: skip
+        self.sshd[h] = self._popen(
+            [*self.enter(h, "/"), str(NODE_SH), "serve", str(self.dir / h)],
+            stdout=log,
+            stderr=log,
+            env={"PATH": os.environ.get("PATH", "")},
+        )
         log.close()
 
     def stop_sshd(self, h: str) -> None:
@@ -251,11 +291,16 @@ def _terminate(signum, frame):
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m mpi_sgd.cluster.netns", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser = argparse.ArgumentParser(
+        prog="python -m mpi_sgd.cluster.netns",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--hosts", default="a,b", help="the two host names (default a,b)")
-    parser.add_argument("--rate", help="shape the link like a real network, e.g. 1gbit or 10gbit (default: as fast "
-                        "as the machine moves bytes)")  # fmt: skip
+    parser.add_argument(
+        "--rate",
+        help="shape the link like a real network, e.g. 1gbit or 10gbit (default: as fast as the machine moves bytes)",
+    )
     parser.add_argument("command", nargs=argparse.REMAINDER, help="what to run on the first host, after --")
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -273,16 +318,21 @@ def main(argv: list[str] | None = None) -> int:
         with cluster:
             a, b = cluster.hosts
             link = f"a veth pair{f' shaped to {args.rate}' if args.rate else ''}"
-            print(f"netns cluster {cluster.tag}: hosts {a} ({cluster.address[a]}) and {b} ({cluster.address[b]}), "
-                  f"linked by {link}; "
-                  f"sshd on each; running on {a}: {' '.join(command)}", flush=True)  # fmt: skip
+            print(
+                f"netns cluster {cluster.tag}: hosts {a} ({cluster.address[a]}) and {b} ({cluster.address[b]}), "
+                f"linked by {link}; "
+                f"sshd on each; running on {a}: {' '.join(command)}",
+                flush=True,
+            )
             before = cluster.counters(a)
             start = time.monotonic()
             rc = cluster.popen(command).wait()
             took = time.monotonic() - start
             rx, tx = (after - was for after, was in zip(cluster.counters(a), before, strict=True))
-            print(f"netns cluster: {a}'s eth0 (the link to {b}) sent {tx} bytes ({tx / 1e6:.1f} MB) and "
-                  f"received {rx} bytes ({rx / 1e6:.1f} MB) during the command ({took:.1f} s, exit {rc})")  # fmt: skip
+            print(
+                f"netns cluster: {a}'s eth0 (the link to {b}) sent {tx} bytes ({tx / 1e6:.1f} MB) and "
+                f"received {rx} bytes ({rx / 1e6:.1f} MB) during the command ({took:.1f} s, exit {rc})"
+            )
     except KeyboardInterrupt:
         print("netns cluster: interrupted", file=sys.stderr)
         rc = 130

@@ -57,8 +57,10 @@ def main(argv=None) -> int:
     begun = time.perf_counter()
     result = train(comm, model, dataset, cfg)
     if comm.rank == 0:
-        print(f"{result.applied} gradients applied in {result.seconds:.2f} s by {cfg.workers(comm.size)} worker(s) "
-              f"and {cfg.servers} server(s); per worker {dict(sorted(result.pushes_by_worker.items()))}")  # fmt: skip
+        print(
+            f"{result.applied} gradients applied in {result.seconds:.2f} s by {cfg.workers(comm.size)} worker(s) "
+            f"and {cfg.servers} server(s); per worker {dict(sorted(result.pushes_by_worker.items()))}"
+        )
         print(f"staleness tau, mean {mean(result.staleness):.2f}:\n{histogram_text(result.staleness)}")
         print(f"loss {start:.4f} -> {mean_loss(model, dataset):.4f}")
         print(f"lost: {', '.join(f'rank {r} ({why})' for r, why in sorted(result.lost.items())) or 'none'}")

@@ -33,8 +33,10 @@ def send(server) -> None:
     stats = torch.tensor([server.clock.version, *counts], dtype=torch.int64)
     versions = torch.tensor([v for v, _, _ in server.snapshots], dtype=torch.int64)
     kept = torch.stack([s for _, _, s in server.snapshots]).reshape(-1) if server.snapshots else server.empty
-    sends = [comm.isend(buf, 0, tag) for buf, tag in
-             ((server.shard, SHARD), (stats, STATS), (versions, SNAPSHOT_VERSIONS), (kept, SNAPSHOTS))]  # fmt: skip
+    sends = [
+        comm.isend(buf, 0, tag)
+        for buf, tag in ((server.shard, SHARD), (stats, STATS), (versions, SNAPSHOT_VERSIONS), (kept, SNAPSHOTS))
+    ]
     deadline = time.monotonic() + cfg.server_timeout
     if not all(wait_until(s, deadline) for s in sends):
         raise ServerLost(f"server rank {comm.rank}: server rank 0 did not take the results")

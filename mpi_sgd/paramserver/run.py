@@ -80,8 +80,15 @@ def train(comm, model: torch.nn.Module, dataset: data.Dataset, cfg: AsyncConfig)
 
 def _serve(comm, model, cfg, server: Server) -> Result:
     server.run()
-    result = Result("server", comm.rank, server.clock.version, server.seconds, staleness=Counter(server.staleness),
-                    pushes_by_worker=server.applied_by, lost=dict(server.lost))  # fmt: skip
+    result = Result(
+        "server",
+        comm.rank,
+        server.clock.version,
+        server.seconds,
+        staleness=Counter(server.staleness),
+        pushes_by_worker=server.applied_by,
+        lost=dict(server.lost),
+    )
     if comm.rank != 0:
         return result
     shards_, counts, kept = [server.shard.detach()], [server.staleness], [server.snapshots]
@@ -115,8 +122,10 @@ def _work(comm, worker: Worker) -> Result:
         # A worker's own failure is not the job's: leave quietly and let the servers carry on
         # (they notice the silence). Under a launcher that cleans up after a failed rank (hydra's
         # default) the job ends anyway; with `mpiexec -disable-auto-cleanup` it does not.
-        sys.stderr.write(f"mpi_sgd: worker rank {comm.rank} failed; leaving, the servers carry on without it\n"
-                         f"{traceback.format_exc()}")  # fmt: skip
+        sys.stderr.write(
+            f"mpi_sgd: worker rank {comm.rank} failed; leaving, the servers carry on without it\n"
+            f"{traceback.format_exc()}"
+        )
         sys.stderr.flush()
         os._exit(1)
     lost = {-1: "a server reported a lost rank"} if worker.lost else {}

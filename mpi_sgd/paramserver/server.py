@@ -106,8 +106,10 @@ class Server:
                 self._recv(status.source, self.empty, COLLECT, self.cfg.server_timeout)
                 self.collect = True
                 return
-            raise ProtocolError(f"server rank {self.comm.rank}: {NAMES.get(status.tag, status.tag)} from rank "
-                                f"{status.source}, which is not a worker")  # fmt: skip
+            raise ProtocolError(
+                f"server rank {self.comm.rank}: {NAMES.get(status.tag, status.tag)} from rank "
+                f"{status.source}, which is not a worker"
+            )
         if status.tag == PUSH:
             self._push(peer, status.count)
         elif status.tag in (HELLO, DONE, WAITING):
@@ -129,8 +131,10 @@ class Server:
 
     def _push(self, peer: Peer, count: int) -> None:
         if count != self.shard.numel():
-            raise ProtocolError(f"rank {peer.rank} pushed {count} values to server rank {self.comm.rank}, which "
-                                f"owns {self.shard.numel()}: the ranks disagree on the model")  # fmt: skip
+            raise ProtocolError(
+                f"rank {peer.rank} pushed {count} values to server rank {self.comm.rank}, which "
+                f"owns {self.shard.numel()}: the ranks disagree on the model"
+            )
         if not self._recv(peer.rank, peer.grad, PUSH, self.cfg.worker_timeout):
             return self._lose(peer, f"its push stopped arriving for {self.cfg.worker_timeout:g} s")
         if peer.state == LOST:
@@ -138,8 +142,10 @@ class Server:
         self._expect(peer, COMPUTING, "a gradient")
         bad = (~torch.isfinite(peer.grad)).sum().item()
         if bad:
-            raise ProtocolError(f"rank {peer.rank} pushed a gradient with {bad} NaN or infinite values: not "
-                                "applied. Training diverged? Try a lower --lr")  # fmt: skip
+            raise ProtocolError(
+                f"rank {peer.rank} pushed a gradient with {bad} NaN or infinite values: not "
+                "applied. Training diverged? Try a lower --lr"
+            )
         peer.state = PENDING
         peer.noted = time.monotonic()
         self._apply_ready()
@@ -252,9 +258,12 @@ class Server:
 
     def _lose(self, peer: Peer, why: str) -> None:
         self.lost[peer.rank] = why
-        print(f"server rank {self.comm.rank}: lost worker rank {peer.rank}: {why}; carrying on with "
-              f"{sum(p.state not in (LOST, FINISHED) for p in self.peers.values() if p is not peer)} worker(s)",
-              file=sys.stderr, flush=True)  # fmt: skip
+        print(
+            f"server rank {self.comm.rank}: lost worker rank {peer.rank}: {why}; carrying on with "
+            f"{sum(p.state not in (LOST, FINISHED) for p in self.peers.values() if p is not peer)} worker(s)",
+            file=sys.stderr,
+            flush=True,
+        )
         self._retire(peer, LOST)
 
     def _retire(self, peer: Peer, state: str) -> None:
@@ -267,8 +276,11 @@ class Server:
 
     def _revived(self, peer: Peer) -> None:
         """A worker given up for lost speaks again: tell it to stop; it is no longer counted on."""
-        print(f"server rank {self.comm.rank}: worker rank {peer.rank}, given up for lost, spoke again: stopped",
-              file=sys.stderr, flush=True)  # fmt: skip
+        print(
+            f"server rank {self.comm.rank}: worker rank {peer.rank}, given up for lost, spoke again: stopped",
+            file=sys.stderr,
+            flush=True,
+        )
         self.lost.pop(peer.rank, None)
         peer.state = FINISHED
         self._send(peer, STOP, self.shard)

@@ -98,8 +98,10 @@ class Worker:
         for s in self.servers:
             status = self._await(s, training)
             if status.tag not in expected:
-                raise ProtocolError(f"worker rank {self.comm.rank}: {NAMES.get(status.tag, status.tag)} from "
-                                    f"server rank {s}, expected {' or '.join(NAMES[t] for t in expected)}")  # fmt: skip
+                raise ProtocolError(
+                    f"worker rank {self.comm.rank}: {NAMES.get(status.tag, status.tag)} from "
+                    f"server rank {s}, expected {' or '.join(NAMES[t] for t in expected)}"
+                )
             into = self.params[self.bounds[s]]
             if status.count != into.numel():
                 raise ProtocolError(f"server rank {s} sent {status.count} values; its slice has {into.numel()}")
@@ -124,8 +126,10 @@ class Worker:
             status = self.comm.iprobe(server, dtype=self.params.dtype)
             if status is None:
                 if time.monotonic() > deadline:
-                    raise ServerLost(f"worker rank {self.comm.rank}: no word from server rank {server} for "
-                                     f"{timeout:g} s (--server-timeout): the server is gone")  # fmt: skip
+                    raise ServerLost(
+                        f"worker rank {self.comm.rank}: no word from server rank {server} for "
+                        f"{timeout:g} s (--server-timeout): the server is gone"
+                    )
                 backoff.pause()
             elif status.tag == HOLD:  # kept waiting (staleness bound, budget): the server is alive
                 self.comm.recv(self.empty, server, HOLD)

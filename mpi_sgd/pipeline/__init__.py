@@ -23,6 +23,21 @@ from .split import SPLITS, balance, cut, layers_of, partition, stage_module
 from .stage import ActivationMeter, PipelineError, PipelineStage
 
 __all__ = [
-    "SCHEDULES", "SPLITS", "ActivationMeter", "Deadlock", "Op", "PipelineError", "PipelineStage", "balance",
-    "cut", "grid", "ideal_bubble", "layers_of", "partition", "peak_in_flight", "schedule", "simulate", "stage_module",
-]  # fmt: skip
+    "SCHEDULES",
+    "SPLITS",
+    "ActivationMeter",
+    "Deadlock",
+    "Op",
+    "PipelineError",
+    "PipelineStage",
+    "balance",
+    "cut",
+    "grid",
+    "ideal_bubble",
+    "layers_of",
+    "partition",
+    "peak_in_flight",
+    "schedule",
+    "simulate",
+    "stage_module",
+]

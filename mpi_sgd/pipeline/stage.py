@@ -65,8 +65,10 @@ class PipelineError(RuntimeError):
 
 def encode_header(step: int, mb: int, m: int, tag: int, t: torch.Tensor) -> torch.Tensor:
     if t.dtype not in DTYPES or t.dim() > MAX_DIMS:
-        raise PipelineError(f"cannot send a {t.dtype} tensor of {t.dim()} dims between stages "
-                            f"(dtypes {[str(d) for d in DTYPES]}, at most {MAX_DIMS} dims)")  # fmt: skip
+        raise PipelineError(
+            f"cannot send a {t.dtype} tensor of {t.dim()} dims between stages "
+            f"(dtypes {[str(d) for d in DTYPES]}, at most {MAX_DIMS} dims)"
+        )
     head = [step, mb, m, tag, DTYPES.index(t.dtype), t.dim(), *t.shape]
     return torch.tensor(head + [0] * (HEADER - len(head)), dtype=torch.int64)
 
@@ -149,8 +151,16 @@ class PipelineStage:
     tracks the activation bytes held (``meter.peak``).
     """
 
-    def __init__(self, comm, module: nn.Module, loss_fn, schedule: str = "1f1b", micro_batches: int = 1,
-                 timeline: bool = False, measure_memory: bool = False):  # fmt: skip
+    def __init__(
+        self,
+        comm,
+        module: nn.Module,
+        loss_fn,
+        schedule: str = "1f1b",
+        micro_batches: int = 1,
+        timeline: bool = False,
+        measure_memory: bool = False,
+    ):
         self.comm, self.module, self.loss_fn = comm, module, loss_fn
         self.stage, self.stages = comm.rank, comm.size
         self.first, self.last = self.stage == 0, self.stage == self.stages - 1
@@ -241,8 +251,9 @@ class PipelineStage:
         self._pending = []
         self.step_count += 1
         span = time.perf_counter() - start
-        self.stats.append({"span": span, "busy": seconds["F"] + seconds["B"], "forward": seconds["F"],
-                           "backward": seconds["B"]})  # fmt: skip
+        self.stats.append(
+            {"span": span, "busy": seconds["F"] + seconds["B"], "forward": seconds["F"], "backward": seconds["B"]}
+        )
         return loss if self.last else None
 
     def _split(self, t, name: str):

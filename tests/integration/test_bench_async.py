@@ -13,10 +13,26 @@ from .conftest import ROOT
 
 
 def test_bench_async_tiny(tmp_path):
-    cmd = [sys.executable, "-m", "mpi_sgd.cli", "bench", "async", "--scenarios", "base", "--ranks", "2",
-           "--evaluations", "40", "--rounds", "2", "--out-dir", str(tmp_path)]  # fmt: skip
-    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=150,
-                         env={**os.environ, "MPIEXEC_TIMEOUT": "100"})  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "mpi_sgd.cli",
+        "bench",
+        "async",
+        "--scenarios",
+        "base",
+        "--ranks",
+        "2",
+        "--evaluations",
+        "40",
+        "--rounds",
+        "2",
+        "--out-dir",
+        str(tmp_path),
+    ]
+    out = subprocess.run(
+        cmd, cwd=ROOT, capture_output=True, text=True, timeout=150, env={**os.environ, "MPIEXEC_TIMEOUT": "100"}
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     assert re.search(r"^\|\s+base \|\s+2 \|", out.stdout, re.MULTILINE), out.stdout
     assert re.search(r"^base R=2: expected async slower; (as expected|NOT as expected)", out.stdout, re.MULTILINE)

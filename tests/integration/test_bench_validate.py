@@ -13,10 +13,28 @@ from .conftest import ROOT
 
 
 def test_validate_tiny(tmp_path):
-    cmd = [sys.executable, "-m", "mpi_sgd.cli", "bench", "validate", "--batches", "4", "--ranks", "1,2",
-           "--max-steps", "12", "--max-bytes", "64KiB", "--repeats", "1", "--out-dir", str(tmp_path)]  # fmt: skip
-    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=150,
-                         env={**os.environ, "MPIEXEC_TIMEOUT": "100"})  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "mpi_sgd.cli",
+        "bench",
+        "validate",
+        "--batches",
+        "4",
+        "--ranks",
+        "1,2",
+        "--max-steps",
+        "12",
+        "--max-bytes",
+        "64KiB",
+        "--repeats",
+        "1",
+        "--out-dir",
+        str(tmp_path),
+    ]
+    out = subprocess.run(
+        cmd, cwd=ROOT, capture_output=True, text=True, timeout=150, env={**os.environ, "MPIEXEC_TIMEOUT": "100"}
+    )
     # Exit 1 is the benchmark's verdict that the model called the wrong side of break-even; at 12
     # steps on a busy machine that can happen, and a timed verdict is not what this test checks.
     wrong_side = "MISSED: speedup < 1 exactly where predicted (wrong side beyond the spread" in out.stdout

@@ -21,8 +21,11 @@ def test_calibrate_from_one_process_then_reuse(tmp_path):
     tiny = ["--max-bytes", "64KiB", "--layers", "16,32,32,4", "--batch-size", "8"]
     out = subprocess.run(
         [sys.executable, str(SCRIPT), "--calibrate", *tiny, "--save", str(cal_path), "--plot", str(tmp_path / "a.png")],
-        capture_output=True, text=True, timeout=120, env={**os.environ, "MPIEXEC_TIMEOUT": "100"},
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "MPIEXEC_TIMEOUT": "100"},
+    )
     assert out.returncode == 0, out.stderr
     assert "measured at 2 rank(s)" in out.stdout and EIGHT_RANKS_ROW.search(out.stdout)
 
@@ -33,7 +36,9 @@ def test_calibrate_from_one_process_then_reuse(tmp_path):
 
     again = subprocess.run(
         [sys.executable, str(SCRIPT), "--calibration", str(cal_path), "--plot", str(tmp_path / "b.png")],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert again.returncode == 0, again.stderr
     assert EIGHT_RANKS_ROW.search(again.stdout)

@@ -69,8 +69,9 @@ def test_bench_sgd_on_a_gpu_it_lacks_is_one_line():
 
     if torch.cuda.is_available():
         pytest.skip("this host has a GPU: make test-gpu runs the GPU benchmarks' code")
-    proc = run_mpi(1, "-m", "mpi_sgd.cli", "bench", "sgd", "--device", "cuda", "--backend", "nccl",
-                   check=False, timeout=60)  # fmt: skip
+    proc = run_mpi(
+        1, "-m", "mpi_sgd.cli", "bench", "sgd", "--device", "cuda", "--backend", "nccl", check=False, timeout=60
+    )
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 1, proc.stderr
     assert lines[0].startswith("mpi-sgd bench sgd: error: --device cuda: ") and "--device cpu" in lines[0]
@@ -100,14 +101,34 @@ def test_bench_sgd_prints_ddp_bench_columns_and_sweeps_buckets(tmp_path):
     )
     header = next(line for line in proc.stdout.splitlines() if line.startswith("|"))
     cells = [c.strip() for c in header.strip("|").split("|")]
-    assert cells == ["model", "variant", "step ms", "± std", "comm ms", "± std", "comm frac", "x DDP-gloo", "x local",
-                     "exposed ms"]  # fmt: skip
+    assert cells == [
+        "model",
+        "variant",
+        "step ms",
+        "± std",
+        "comm ms",
+        "± std",
+        "comm frac",
+        "x DDP-gloo",
+        "x local",
+        "exposed ms",
+    ]
     payload = json.loads((tmp_path / "sgd-n2.json").read_text())
     assert (payload["backend"], payload["device"]) == ("torch-mpi4py", "cpu")
     rows = payload["rows"]
     names = [r["variant"] for r in rows]
-    assert names == ["local", "naive", "flat", "bucketed 0.5MB", "bucketed 2MB", "bucketed-mpi 0.5MB",
-                     "bucketed-mpi 2MB", "ddp-gloo", "ddp-mpi4py", "comm-only"]  # fmt: skip
+    assert names == [
+        "local",
+        "naive",
+        "flat",
+        "bucketed 0.5MB",
+        "bucketed 2MB",
+        "bucketed-mpi 0.5MB",
+        "bucketed-mpi 2MB",
+        "ddp-gloo",
+        "ddp-mpi4py",
+        "comm-only",
+    ]
     by_name = {r["variant"]: r for r in rows}
     assert by_name["ddp-mpi4py"]["exposed_s"] == by_name["ddp-mpi4py"]["step_s"] - by_name["local"]["step_s"]
     for r in rows:

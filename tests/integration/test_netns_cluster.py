@@ -55,8 +55,14 @@ def cluster():
 
 def _env(cluster, timeout: int) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "HYDRA_", "OMPI_", "PMIX_"))}
-    return cluster.env({**env, "PATH": f"{Path(sys.executable).parent}:{env.get('PATH', '')}",
-                        "MPIEXEC_TIMEOUT": str(timeout), "OMP_NUM_THREADS": "1"})  # fmt: skip
+    return cluster.env(
+        {
+            **env,
+            "PATH": f"{Path(sys.executable).parent}:{env.get('PATH', '')}",
+            "MPIEXEC_TIMEOUT": str(timeout),
+            "OMP_NUM_THREADS": "1",
+        }
+    )
 
 
 def on_a(cluster, cmd: list[str], timeout: int = 90):
@@ -100,8 +106,12 @@ def _simplenet():
 
 
 # One write per line: lines from different hosts then arrive whole, if in any order.
-WHERE = [sys.executable, "-c", "from mpi4py import MPI; import socket, sys; "
-         "sys.stdout.write(f'rank {MPI.COMM_WORLD.rank} on {socket.gethostname()}\\n')"]  # fmt: skip
+WHERE = [
+    sys.executable,
+    "-c",
+    "from mpi4py import MPI; import socket, sys; "
+    "sys.stdout.write(f'rank {MPI.COMM_WORLD.rank} on {socket.gethostname()}\\n')",
+]
 
 
 @pytest.mark.parametrize(
@@ -115,9 +125,13 @@ def test_hostfiles_place_ranks_as_their_comments_say(cluster, placement, expecte
     assert "".join(hosts[str(r)] for r in range(4)) == expected, out.stdout
 
 
-LAYOUT = [sys.executable, "-c", "from mpi_sgd.comm.backends.mpi import MPIComm; import sys; c = MPIComm(); "
-          "c.alloc_shared(1); m = c._shm.mem; "
-          "sys.stdout.write(f'rank {c.rank}: node of {m.size}, multi-node {m.multi_node}\\n')"]  # fmt: skip
+LAYOUT = [
+    sys.executable,
+    "-c",
+    "from mpi_sgd.comm.backends.mpi import MPIComm; import sys; c = MPIComm(); "
+    "c.alloc_shared(1); m = c._shm.mem; "
+    "sys.stdout.write(f'rank {c.rank}: node of {m.size}, multi-node {m.multi_node}\\n')",
+]
 
 
 def test_shared_memory_all_reduce_is_hierarchical_across_the_hosts(cluster):
@@ -176,8 +190,14 @@ def test_two_hosts_train_exactly_as_one_host(cluster, backend, tmp_path):
     out = on_a(cluster, [MPIEXEC, "-n", "2", "-hosts", "a,b", sys.executable, *args, "--checkpoint", str(two)])
     assert out.returncode == 0, out.stderr[-3000:]
     cmd, env = mpiexec_command(2, *args, "--checkpoint", str(one))
-    local = subprocess.run(cmd, cwd=ROOT, env={**env, "MPIEXEC_TIMEOUT": "90", "OMP_NUM_THREADS": "1"},
-                           capture_output=True, text=True, timeout=120)  # fmt: skip
+    local = subprocess.run(
+        cmd,
+        cwd=ROOT,
+        env={**env, "MPIEXEC_TIMEOUT": "90", "OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert local.returncode == 0, local.stderr[-3000:]
     a, b = _final_parameters(two), _final_parameters(one)
     assert a.keys() == b.keys()
@@ -212,8 +232,14 @@ def test_failures_on_the_wire_end_the_job_naming_the_host():
         c.wait_ssh("b")
 
         def cut_mid_run(case: str, cut) -> str:
-            p = c.popen([*job, "a,b", *train], env=_env(c, 120), cwd=ROOT, stdout=subprocess.PIPE,
-                        stderr=subprocess.PIPE, text=True)  # fmt: skip
+            p = c.popen(
+                [*job, "a,b", *train],
+                env=_env(c, 120),
+                cwd=ROOT,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
             for line in p.stdout:  # train until the first epoch is done on both hosts
                 if line.startswith("epoch"):
                     break
@@ -237,8 +263,13 @@ def test_failures_on_the_wire_end_the_job_naming_the_host():
 
 
 def test_ctrl_c_tears_everything_down():
-    p = subprocess.Popen([sys.executable, "-m", "mpi_sgd.cluster.netns", "--", "sleep", "60"],
-                         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    p = subprocess.Popen(
+        [sys.executable, "-m", "mpi_sgd.cluster.netns", "--", "sleep", "60"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         line = p.stdout.readline()
         assert "running on a: sleep 60" in line, line + p.stderr.read()

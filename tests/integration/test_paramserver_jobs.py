@@ -63,8 +63,9 @@ def test_a_dead_worker_is_reported_and_training_finishes_without_it():
     # If server 0 applied that push, rank 3 dies owing the gradient it was then granted, and rank 2
     # may hand in the rest of the budget before server 0 notices: rank 2 is then held and computes
     # the missing gradient itself (tests/unit/test_paramserver_budget.py plays that order out).
-    rc, lines, _ = drill(4, "--servers", "2", "--evaluations", "200", "--exit-rank", "3", "--exit-after", "12",
-                      "--worker-timeout", "1.5")  # fmt: skip
+    rc, lines, _ = drill(
+        4, "--servers", "2", "--evaluations", "200", "--exit-rank", "3", "--exit-after", "12", "--worker-timeout", "1.5"
+    )
     out = "\n".join(text for _, text in lines)
     for server in (0, 1):
         assert f"server rank {server}: lost worker rank 3" in out, out

@@ -21,8 +21,22 @@ MIN_TESTS = 15
 def test_pipeline_equivalence_at_four_ranks():
     """The tests/mpi body at R = 4 (make test covers 1, 2, 3): four stages of the six-layer model."""
     test_file = str(ROOT / "tests" / "mpi" / "test_pipeline.py")
-    out = run_mpi(4, "-m", "mpi4py", "-m", "pytest", "--with-mpi", "-x", "-q", "-p", "no:cacheprovider", "-k", SELECT,
-                  test_file, env=ENV)  # fmt: skip
+    out = run_mpi(
+        4,
+        "-m",
+        "mpi4py",
+        "-m",
+        "pytest",
+        "--with-mpi",
+        "-x",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "-k",
+        SELECT,
+        test_file,
+        env=ENV,
+    )
     ran = [int(n) for n in re.findall(r"(\d+) passed", out.stdout)]
     assert len(ran) == 4 and min(ran) >= MIN_TESTS, out.stdout[-2000:]
 

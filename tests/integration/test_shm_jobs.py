@@ -68,8 +68,23 @@ def test_shm_tests_at_four_ranks():
     nothing at 4 that 3 does not show) and the trainer (at 1, 2, 3 here; at 4 on the namespace
     cluster, test_netns_cluster.py, where one runs)."""
     test_file = str(ROOT / "tests" / "mpi" / "test_shm.py")
-    out = run_mpi(4, "-m", "mpi4py", "-m", "pytest", "--with-mpi", "-x", "-q", "-p", "no:cacheprovider",
-                  "-k", "not alone and not trainer", test_file, env=ENV, timeout=240)  # fmt: skip
+    out = run_mpi(
+        4,
+        "-m",
+        "mpi4py",
+        "-m",
+        "pytest",
+        "--with-mpi",
+        "-x",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "-k",
+        "not alone and not trainer",
+        test_file,
+        env=ENV,
+        timeout=240,
+    )
     ran = [int(n) for n in re.findall(r"(\d+) passed", out.stdout)]
     assert len(ran) == 4 and min(ran) >= 35, out.stdout[-2000:]
 
@@ -115,8 +130,18 @@ def test_bench_shm_prints_the_comparison_and_the_targets(tmp_path):
     out = run_mpi(2, "-m", "mpi_sgd.cli", "bench", "shm", *sweep, "--out-dir", str(tmp_path), env=ENV)
     header = next(line for line in out.stdout.splitlines() if line.startswith("|"))
     cells = [c.strip() for c in header.strip("|").split("|")]
-    assert cells == ["size", "shared us", "raw us", "seam us", "gloo us", "memcpy us", "raw/shared", "seam/shared",
-                     "gloo/shared", "shared/memcpy"]  # fmt: skip
+    assert cells == [
+        "size",
+        "shared us",
+        "raw us",
+        "seam us",
+        "gloo us",
+        "memcpy us",
+        "raw/shared",
+        "seam/shared",
+        "gloo/shared",
+        "shared/memcpy",
+    ]
     assert re.search(r"target >= 2x MPI Allreduce at every size from 64 KiB: (met|NOT met) \(lowest", out.stdout)
     assert re.search(r"target no slower than MPI Allreduce below 64 KiB: (met|NOT met)", out.stdout)
     rows = json.loads((tmp_path / "shm-n2.json").read_text())["rows"]

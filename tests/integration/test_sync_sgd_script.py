@@ -37,9 +37,18 @@ def test_equivalence_at_four_ranks():
 def test_demo_trains_and_writes_metrics(tmp_path):
     metrics, timeline, ckpt = tmp_path / "m.json", tmp_path / "t.json", tmp_path / "c.pt"
     out = launch(
-        2, SCRIPT, "--epochs", "3", "--no-progress",
-        "--metrics-json", str(metrics), "--timeline", str(timeline), "--checkpoint", str(ckpt),
-    )  # fmt: skip
+        2,
+        SCRIPT,
+        "--epochs",
+        "3",
+        "--no-progress",
+        "--metrics-json",
+        str(metrics),
+        "--timeline",
+        str(timeline),
+        "--checkpoint",
+        str(ckpt),
+    )
     assert "effective batch 64" in out.stdout
     m = json.loads(metrics.read_text())
     losses = [e["loss"] for e in m["epochs"]]

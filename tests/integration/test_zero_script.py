@@ -19,8 +19,23 @@ def test_equivalence_at_four_ranks():
     """tests/mpi/test_zero.py's equivalence tests at R = 4 (make test runs all of it at 1, 2, 3):
     each stage with Adam, and with the uneven units of which one is smaller than R."""
     test_file = str(ROOT / "tests" / "mpi" / "test_zero.py")
-    out = run_mpi(4, "-m", "mpi4py", "-m", "pytest", "--with-mpi", "-x", "-q", "-p", "no:cacheprovider",
-                  "-k", "equals_plain and adam or uneven", test_file, env=ENV, timeout=240)  # fmt: skip
+    out = run_mpi(
+        4,
+        "-m",
+        "mpi4py",
+        "-m",
+        "pytest",
+        "--with-mpi",
+        "-x",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "-k",
+        "equals_plain and adam or uneven",
+        test_file,
+        env=ENV,
+        timeout=240,
+    )
     ran = [int(n) for n in re.findall(r"(\d+) passed", out.stdout)]
     assert len(ran) == 4 and min(ran) == 6, out.stdout[-2000:]  # every rank ran them, none skipped
 
@@ -56,11 +71,30 @@ def test_sync_sgd_zero_trains_and_checkpoints_in_the_plain_format(tmp_path):
 
 
 def test_bench_zero_prints_three_tables(tmp_path):
-    out = run_mpi(1, "-m", "mpi_sgd.cli", "bench", "zero", "--layers", "16,32,32,4", "--steps", "1", "--rounds", "1",
-                  "--out-dir", str(tmp_path), "--no-plot", env=ENV).stdout  # fmt: skip
+    out = run_mpi(
+        1,
+        "-m",
+        "mpi_sgd.cli",
+        "bench",
+        "zero",
+        "--layers",
+        "16,32,32,4",
+        "--steps",
+        "1",
+        "--rounds",
+        "1",
+        "--out-dir",
+        str(tmp_path),
+        "--no-plot",
+        env=ENV,
+    ).stdout
     rows = {r[0]: r for r in table_rows(out)}
     assert {"local", "dp", "zero1", "zero2", "zero3"} <= rows.keys()
     volumes = re.findall(r"\| +(zero\d|dp) +\|.*\| +(\d\.\d+) Ψ \| +(\d) Ψ \|", out)
     assert {v: (round(float(m)), int(p)) for v, m, p in volumes} == {
-        "dp": (2, 2), "zero1": (2, 2), "zero2": (2, 2), "zero3": (3, 3)}  # fmt: skip
+        "dp": (2, 2),
+        "zero1": (2, 2),
+        "zero2": (2, 2),
+        "zero3": (3, 3),
+    }
     assert (tmp_path / "zero-n1.json").exists()

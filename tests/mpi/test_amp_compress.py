@@ -37,8 +37,19 @@ def comm():
 
 
 def train(comm, **kw) -> torch.Tensor:
-    cfg = TrainConfig(model="ffnet", dataset="blobs", batch_size=B, lr=0.05, momentum=0.9, max_steps=6,
-                      epochs=100, progress=False, bucket_mb=0.02, seed=3, **kw)  # fmt: skip
+    cfg = TrainConfig(
+        model="ffnet",
+        dataset="blobs",
+        batch_size=B,
+        lr=0.05,
+        momentum=0.9,
+        max_steps=6,
+        epochs=100,
+        progress=False,
+        bucket_mb=0.02,
+        seed=3,
+        **kw,
+    )
     ds = data.blobs(num_samples=3 * comm.size * B + 5, input_size=12, num_classes=4, seed=1)
     torch.manual_seed(cfg.seed)
     model = build_model(cfg.model, (12,), 4)

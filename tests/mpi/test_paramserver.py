@@ -36,8 +36,15 @@ def test_one_worker_is_plain_sgd_bit_for_bit(comm, momentum, by_staleness):
     is element-wise the reference's over each tensor), so anything but bit-identical parameters is
     a bug. All ranks but one serve, so at R = 3 the parameters are split over two servers."""
     ds = data.blobs(num_samples=100, input_size=12, num_classes=3, seed=2)
-    cfg = AsyncConfig(servers=comm.size - 1, lr=0.2, momentum=momentum, batch_size=8, evaluations=30,
-                      lr_by_staleness=by_staleness, seed=5)  # fmt: skip
+    cfg = AsyncConfig(
+        servers=comm.size - 1,
+        lr=0.2,
+        momentum=momentum,
+        batch_size=8,
+        evaluations=30,
+        lr_by_staleness=by_staleness,
+        seed=5,
+    )
     torch.manual_seed(1)
     model = FFNet(12, num_hl=1, hl_size=16, num_outputs=3)
     result = paramserver.train(comm, model, ds, cfg)

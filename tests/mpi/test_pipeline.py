@@ -199,8 +199,11 @@ def test_a_message_for_the_wrong_micro_batch_is_an_error_not_garbage(world):
         for r in stage._pending:
             r.wait()
     elif world.rank == 1:
-        with pytest.raises(PipelineError, match=r"stage 1 \(gpipe\) got an activation from rank 0 .*\(0, 2, 4\), "
-                           r"expected \(0, 0, 4\)"):  # fmt: skip
+        with pytest.raises(
+            PipelineError,
+            match=r"stage 1 \(gpipe\) got an activation from rank 0 .*\(0, 2, 4\), "
+            r"expected \(0, 0, 4\)",
+        ):
             stage._recv(0, ACT_TAG, mb=0)
     world.barrier()
 
@@ -217,22 +220,54 @@ def test_bench_pipeline_tables_json_and_timelines(world, capsys):
 
     out = world.bcast_obj(tempfile.mkdtemp() if world.is_root else None)
     args = build_parser().parse_args(
-        ["bench", "pipeline", "--width", "8", "--depth", "3", "--batch-size", "8", "--micro-batches", "1,4",
-         "--steps", "1", "--rounds", "1", "--warmup", "1", "--timeline-m", "2", "--out-dir", out, "--no-plot"]
-    )  # fmt: skip
+        [
+            "bench",
+            "pipeline",
+            "--width",
+            "8",
+            "--depth",
+            "3",
+            "--batch-size",
+            "8",
+            "--micro-batches",
+            "1,4",
+            "--steps",
+            "1",
+            "--rounds",
+            "1",
+            "--warmup",
+            "1",
+            "--timeline-m",
+            "2",
+            "--out-dir",
+            out,
+            "--no-plot",
+        ]
+    )
     assert bench.main(world, args) == 0
     world.barrier()
     if world.is_root:
         text = capsys.readouterr().out
         header = next(line for line in text.splitlines() if line.startswith("|"))
         assert [c.strip() for c in header.strip("|").split("|")] == [
-            "schedule", "m", "step ms", "F+B ms", "ideal ms", "x unsplit", "bubble", "replayed", "(R-1)/(m+R-1)"
-        ]  # fmt: skip
+            "schedule",
+            "m",
+            "step ms",
+            "F+B ms",
+            "ideal ms",
+            "x unsplit",
+            "bubble",
+            "replayed",
+            "(R-1)/(m+R-1)",
+        ]
         data = json.loads((Path(out) / f"pipeline-n{world.size}.json").read_text())
         assert [(r["schedule"], r["m"]) for r in data["rows"]] == [("gpipe", 1), ("gpipe", 4), ("1f1b", 1), ("1f1b", 4)]
-        assert all(0 <= r["bubble"] < 1 and 0 <= r["replayed_bubble"] < 1
-                   and r["ideal_bubble"] == (world.size - 1) / (r["m"] + world.size - 1)
-                   for r in data["rows"])  # fmt: skip
+        assert all(
+            0 <= r["bubble"] < 1
+            and 0 <= r["replayed_bubble"] < 1
+            and r["ideal_bubble"] == (world.size - 1) / (r["m"] + world.size - 1)
+            for r in data["rows"]
+        )
         held = {(r["schedule"], r["m"], r["stage"]): r["held"] for r in data["memory"]}
         assert held[("gpipe", 4, 0)] == 4 and held[("1f1b", 4, 0)] == min(world.size, 4)
         for schedule in ("gpipe", "1f1b"):

@@ -32,8 +32,12 @@ pytestmark = pytest.mark.mpi
 
 FLOATS = ("float32", "float64")
 DTYPES = ("float32", "float64", "int32", "int64")
-REDUCE_OPS = {"sum": dist.ReduceOp.SUM, "prod": dist.ReduceOp.PRODUCT, "min": dist.ReduceOp.MIN,
-              "max": dist.ReduceOp.MAX}  # fmt: skip
+REDUCE_OPS = {
+    "sum": dist.ReduceOp.SUM,
+    "prod": dist.ReduceOp.PRODUCT,
+    "min": dist.ReduceOp.MIN,
+    "max": dist.ReduceOp.MAX,
+}
 
 
 @pytest.fixture(scope="module")
@@ -254,8 +258,10 @@ def test_send_recv(groups):
         pytest.skip("torch refuses send/recv between a rank and itself")
     right, left = (me + 1) % n, (me - 1) % n
     into = torch.zeros(1001, dtype=torch.float64)
-    reqs = [dist.irecv(into, dist.get_global_rank(g, left), group=g, tag=3),
-            dist.isend(mine(g, 1001, "float64"), dist.get_global_rank(g, right), group=g, tag=3)]  # fmt: skip
+    reqs = [
+        dist.irecv(into, dist.get_global_rank(g, left), group=g, tag=3),
+        dist.isend(mine(g, 1001, "float64"), dist.get_global_rank(g, right), group=g, tag=3),
+    ]
     for r in reqs:
         r.wait()
     assert torch.equal(into, torch.from_numpy(rank_data(left, 1001, "float64")))

@@ -56,8 +56,19 @@ def comm():
 
 
 def config(dtype: torch.dtype) -> TrainConfig:
-    return TrainConfig(model="ffnet", dataset="blobs", batch_size=B, lr=0.05, momentum=0.9, max_steps=STEPS,
-                       epochs=100, progress=False, bucket_mb=0.02, seed=3, dtype=str(dtype)[6:])  # fmt: skip
+    return TrainConfig(
+        model="ffnet",
+        dataset="blobs",
+        batch_size=B,
+        lr=0.05,
+        momentum=0.9,
+        max_steps=STEPS,
+        epochs=100,
+        progress=False,
+        bucket_mb=0.02,
+        seed=3,
+        dtype=str(dtype)[6:],
+    )
 
 
 def dataset(size: int, dtype: torch.dtype) -> data.Dataset:
@@ -85,8 +96,9 @@ def ddp_run(group, cfg, ds, dtype, zero: bool = False) -> torch.Tensor:
     rank, size = dist.get_rank(group), dist.get_world_size(group)
     ddp = DistributedDataParallel(model_for(cfg, ds, dtype), process_group=group, bucket_cap_mb=0.01)
     if zero:
-        opt = ZeroRedundancyOptimizer(ddp.parameters(), torch.optim.SGD, process_group=group, lr=cfg.lr,
-                                      momentum=cfg.momentum)  # fmt: skip
+        opt = ZeroRedundancyOptimizer(
+            ddp.parameters(), torch.optim.SGD, process_group=group, lr=cfg.lr, momentum=cfg.momentum
+        )
     else:
         opt = torch.optim.SGD(ddp.parameters(), lr=cfg.lr, momentum=cfg.momentum)
     step, epoch = 0, 0

@@ -53,8 +53,19 @@ def comm():
 
 
 def config(**kw) -> TrainConfig:
-    base = dict(model="ffnet", dataset="toy", batch_size=B, lr=0.05, momentum=0.9, dtype="float64",
-                max_steps=STEPS, epochs=100, progress=False, bucket_mb=0.02, seed=3)  # fmt: skip
+    base = dict(
+        model="ffnet",
+        dataset="toy",
+        batch_size=B,
+        lr=0.05,
+        momentum=0.9,
+        dtype="float64",
+        max_steps=STEPS,
+        epochs=100,
+        progress=False,
+        bucket_mb=0.02,
+        seed=3,
+    )
     base.update(kw)
     return TrainConfig(**base)
 

@@ -33,15 +33,24 @@ def _row(batch, ranks, pred, meas, pred_speedup, meas_speedup):
 
 
 def test_verdicts_met():
-    rows = [_row(1, 1, 1.0, 1.05, 1, 1), _row(1, 2, 2.5, 2.4, 0.8, 0.85),
-            _row(512, 1, 1.0, 0.95, 1, 1), _row(512, 2, 1.08, 1.0, 1.8, 1.9)]  # fmt: skip
+    rows = [
+        _row(1, 1, 1.0, 1.05, 1, 1),
+        _row(1, 2, 2.5, 2.4, 0.8, 0.85),
+        _row(512, 1, 1.0, 0.95, 1, 1),
+        _row(512, 2, 1.08, 1.0, 1.8, 1.9),
+    ]
     lines = validate.verdicts(rows)
     assert [line.split(":")[0] for line in lines] == ["met", "met"]
 
 
 def test_verdicts_print_every_miss_and_judge_only_targeted_ranks():
-    rows = [_row(1, 1, 1.0, 1.5, 1, 1), _row(1, 2, 2.5, 2.4, 0.8, 1.2), _row(512, 1, 1.0, 1.0, 1, 1),
-            _row(512, 2, 1.05, 1.0, 1.8, 1.9), _row(512, 4, 1.0, 3.0, 3.0, 1.2)]  # fmt: skip
+    rows = [
+        _row(1, 1, 1.0, 1.5, 1, 1),
+        _row(1, 2, 2.5, 2.4, 0.8, 1.2),
+        _row(512, 1, 1.0, 1.0, 1, 1),
+        _row(512, 2, 1.05, 1.0, 1.8, 1.9),
+        _row(512, 4, 1.0, 3.0, 3.0, 1.2),
+    ]
     accuracy, side, untargeted = validate.verdicts(rows)
     assert accuracy.startswith("MISSED") and "B=1 R=1 -33.3%" in accuracy and "R=4" not in accuracy
     assert side.startswith("MISSED") and "wrong side beyond the spread: B=1 R=2" in side
@@ -61,8 +70,11 @@ def test_row_rejects_nonsense():
 
 
 def test_measured_step_is_the_slowest_rank_per_step_after_warm_up():
-    metrics = {"warmup_steps": 1, "t_comp": [[9.0, 1.0, 1.0, 2.0], [9.0, 2.0, 1.0, 1.0]],
-               "t_sync": [[9.0, 1.0, 1.0, 0.5], [9.0, 0.0, 0.5, 0.5]]}  # fmt: skip
+    metrics = {
+        "warmup_steps": 1,
+        "t_comp": [[9.0, 1.0, 1.0, 2.0], [9.0, 2.0, 1.0, 1.0]],
+        "t_sync": [[9.0, 1.0, 1.0, 0.5], [9.0, 0.0, 0.5, 0.5]],
+    }
     median, mean = validate.step_seconds(metrics)  # per step: 18 (warm-up), 2, 2, 2.5
     assert median == 2.0 and mean == pytest.approx(6.5 / 3)
 

@@ -33,9 +33,13 @@ def test_hostfile_formats():
 
 @pytest.mark.parametrize(
     "name, hosts",
-    [("localhost", [Host("localhost", 4)]), ("hydra", [Host("a", 2), Host("b", 2)]),
-     ("hydra-round-robin", [Host("a"), Host("b")]), ("openmpi", [Host("a", 2), Host("b", 2)])],
-)  # fmt: skip
+    [
+        ("localhost", [Host("localhost", 4)]),
+        ("hydra", [Host("a", 2), Host("b", 2)]),
+        ("hydra-round-robin", [Host("a"), Host("b")]),
+        ("openmpi", [Host("a", 2), Host("b", 2)]),
+    ],
+)
 def test_shipped_hostfiles_open_with_a_comment_and_parse(name, hosts):
     path = HOSTFILES / name
     assert path.read_text().startswith("# "), f"{name} must open with a comment explaining its format"
@@ -64,10 +68,16 @@ def test_slurm_singletons_are_stopped(capsys):
 
 
 def _facts(**changes) -> dict:
-    facts = {"hostname": "h", "python": "3.11.7", "mpi4py": "4.1.2", "mpi": "MPICH 5.0.2 (ABI 18:2:6)",
-             "torch": "2.13.0+cpu", "mpi_sgd": "0.1.0", "shm_bytes": 1 << 30,
-             "peers": {"a": {"address": "10.0.0.1", "dev": "eth0"},
-                       "b": {"address": "10.0.0.2", "dev": "eth0"}}}  # fmt: skip
+    facts = {
+        "hostname": "h",
+        "python": "3.11.7",
+        "mpi4py": "4.1.2",
+        "mpi": "MPICH 5.0.2 (ABI 18:2:6)",
+        "torch": "2.13.0+cpu",
+        "mpi_sgd": "0.1.0",
+        "shm_bytes": 1 << 30,
+        "peers": {"a": {"address": "10.0.0.1", "dev": "eth0"}, "b": {"address": "10.0.0.2", "dev": "eth0"}},
+    }
     return facts | changes
 
 
@@ -86,13 +96,15 @@ def test_doctor_accepts_matching_hosts():
 
 @pytest.mark.parametrize(
     "change, message",
-    [({"mpi": "Open MPI v5.0.11"}, "b has MPI library Open MPI v5.0.11, the launcher MPICH"),
-     ({"torch": "2.5.1"}, "b has torch 2.5.1"),
-     ({"shm_bytes": 64 << 20}, "/dev/shm is 64 MiB"),
-     ({"peers": {"a": {"address": "127.0.1.1", "dev": "lo"}}}, "b resolves a to 127.0.1.1 (loopback)"),
-     ({"peers": {"a": {"address": "172.17.0.1", "dev": "docker0"}}}, "through docker0"),
-     ({"peers": {"a": {"address": None, "dev": None}}}, "b cannot resolve a")],
-)  # fmt: skip
+    [
+        ({"mpi": "Open MPI v5.0.11"}, "b has MPI library Open MPI v5.0.11, the launcher MPICH"),
+        ({"torch": "2.5.1"}, "b has torch 2.5.1"),
+        ({"shm_bytes": 64 << 20}, "/dev/shm is 64 MiB"),
+        ({"peers": {"a": {"address": "127.0.1.1", "dev": "lo"}}}, "b resolves a to 127.0.1.1 (loopback)"),
+        ({"peers": {"a": {"address": "172.17.0.1", "dev": "docker0"}}}, "through docker0"),
+        ({"peers": {"a": {"address": None, "dev": None}}}, "b cannot resolve a"),
+    ],
+)
 def test_doctor_names_what_to_fix(change, message):
     reports = _judge({"a": _facts(hostname="a"), "b": _facts(hostname="b", **change)})
     assert message in first_problem(reports)

@@ -70,17 +70,47 @@ def test_distribution_that_does_not_pay_is_called_out():
 
 
 def test_calculator_prints_the_table_and_a_choice():
-    out = subprocess.run([sys.executable, str(ROOT / "examples" / "which_strategy.py"), "--params", "1863690",
-                          "--memory", "1GiB", "--network", "10gbe", "--ranks", "8", "--t-comp", "0.01"],
-                         capture_output=True, text=True, timeout=60, check=True,
-                         env=standalone_env()).stdout  # fmt: skip
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "examples" / "which_strategy.py"),
+            "--params",
+            "1863690",
+            "--memory",
+            "1GiB",
+            "--network",
+            "10gbe",
+            "--ranks",
+            "8",
+            "--t-comp",
+            "0.01",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+        env=standalone_env(),
+    ).stdout
     for strategy in guide.STRATEGIES:
         assert re.search(rf"^\|\s+{strategy} \|", out, re.MULTILINE), out
     assert out.strip().splitlines()[-1].startswith("use: data parallel:")
 
 
 def test_calculator_refuses_a_network_without_numbers():
-    proc = subprocess.run([sys.executable, str(ROOT / "examples" / "which_strategy.py"), "--params", "10",
-                           "--memory", "1GiB", "--ranks", "2"], capture_output=True, text=True, timeout=60,
-                          env=standalone_env())  # fmt: skip
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "examples" / "which_strategy.py"),
+            "--params",
+            "10",
+            "--memory",
+            "1GiB",
+            "--ranks",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=standalone_env(),
+    )
     assert proc.returncode == 2 and "give --network or --alpha and --beta" in proc.stderr

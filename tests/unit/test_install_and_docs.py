@@ -47,12 +47,21 @@ def venv_torch(tmp_path, local_wheel: bool, cpu_index: bool, gpu: bool, build: s
     executable(bin_dir / "nvidia-smi", f"#!/bin/sh\nexit {0 if gpu else 1}\n")  # hides any real one
     python = executable(tmp_path / "python", STAND_IN)
     calls = tmp_path / "calls"
-    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "CALLS": str(calls),
-           "LOCAL_WHEEL": "0" if local_wheel else "1", "CPU_INDEX": "0" if cpu_index else "1"}  # fmt: skip
+    env = {
+        **os.environ,
+        "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+        "CALLS": str(calls),
+        "LOCAL_WHEEL": "0" if local_wheel else "1",
+        "CPU_INDEX": "0" if cpu_index else "1",
+    }
     done = subprocess.run(
         ["make", "-s", "--no-print-directory", "venv-torch", f"PY={python}", f"TORCH_BUILD={build}"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     return done.returncode, done.stdout, done.stderr, calls.read_text().splitlines() if calls.exists() else []
 
 
@@ -129,7 +138,13 @@ def test_bench_workers_defaults_fit_the_cores():
 def test_speedup_writes_a_png_only_with_plot(tmp_path):
     env = standalone_env()
     script = str(ROOT / "examples" / "speedup.py")
-    done = subprocess.run([sys.executable, script, "--t-comp", "1", "--t-sync", "1"], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, script, "--t-comp", "1", "--t-sync", "1"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0 and "plot written" not in done.stdout, done.stderr
     assert list(tmp_path.iterdir()) == []  # no results/ folder, no PNG

@@ -20,8 +20,18 @@ B = 8
 
 
 def trainer(ds, **kw) -> Trainer:
-    cfg = TrainConfig(**{"model": "ffnet", "dataset": "toy", "epochs": 5, "batch_size": B, "progress": False,
-                         "dtype": "float64", "seed": 3, **kw})  # fmt: skip
+    cfg = TrainConfig(
+        **{
+            "model": "ffnet",
+            "dataset": "toy",
+            "epochs": 5,
+            "batch_size": B,
+            "progress": False,
+            "dtype": "float64",
+            "seed": 3,
+            **kw,
+        }
+    )
     return Trainer.from_config(cfg, ds, LocalComm())
 
 
@@ -98,8 +108,16 @@ def test_a_gradient_nan_anywhere_reaches_element_0_of_what_is_sent(strategy):
     assert sync.finite() and sync.local_finite
 
 
-@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
-    not torch.cuda.is_available(), reason="no GPU: the branch-free flag of a GPU"))])  # fmt: skip
+@pytest.mark.parametrize(
+    "device",
+    [
+        "cpu",
+        pytest.param(
+            "cuda",
+            marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU: the branch-free flag of a GPU"),
+        ),
+    ],
+)
 def test_the_flag_lands_in_element_0_of_every_shard_and_only_when_needed(device):
     # ZeRO reduce-scatters in shards: each shard's element 0 carries the flag (its owner reads it).
     sync = gradsync.LocalGradients(build_model("ffnet", (6,), 1))
@@ -147,18 +165,21 @@ OWN = "every rank's own gradient was finite"
 @pytest.mark.parametrize(
     ("comm", "message"),
     [
-        (FaultComm(LocalComm(), Fault(0, 3, "nan")),
-         "in step 3 (epoch 0): corrupted in transit by rank 0 (MPI_SGD_FAULT=0:3:nan replaced"),
+        (
+            FaultComm(LocalComm(), Fault(0, 3, "nan")),
+            "in step 3 (epoch 0): corrupted in transit by rank 0 (MPI_SGD_FAULT=0:3:nan replaced",
+        ),
         (Corrupting(LocalComm(), float("nan")), f"in step 1 (epoch 0): the sum holds NaN though {OWN}"),
         (Corrupting(LocalComm(), float("inf")), f"in step 1 (epoch 0): the sum overflowed to inf though {OWN}"),
     ],
     ids=["injected", "nan", "inf"],
-)  # fmt: skip
+)
 def test_a_sum_gone_bad_in_transit_says_what_is_known(comm, message):
     # Every rank's own gradients are finite here; only the reduced sum is not. The message must say
     # so, and name the rank when a wrapper knows it corrupted the data (fault injection does).
-    cfg = TrainConfig(model="ffnet", dataset="toy", epochs=1, batch_size=B, progress=False, dtype="float64",
-                      strategy="flat")  # fmt: skip
+    cfg = TrainConfig(
+        model="ffnet", dataset="toy", epochs=1, batch_size=B, progress=False, dtype="float64", strategy="flat"
+    )
     t = Trainer.from_config(cfg, toy(), comm)
     with pytest.raises(TrainingDiverged) as e:
         t.train()
@@ -198,11 +219,13 @@ x10 = np.zeros((10, 3), np.float32)
         ({"x": x10, "y": np.array([0, 1] * 4 + [1, 100000])}, "the largest, 100000, would make C = 100001"),
         ({"x": x10, "y": np.array([0, 1] * 4 + [1, 7])}, "only 3 occur; renumber the labels 0 .. 2"),
         ({"x": x10, "y": np.array([0, 1] * 4 + [1, -1])}, "must be >= 0, found -1"),
-        ({"x": np.where(np.arange(30).reshape(10, 3) == 17, np.nan, x10), "y": np.zeros(10, np.int64)},
-         "x holds inf or nan in 1 sample(s), the first at index 5"),
+        (
+            {"x": np.where(np.arange(30).reshape(10, 3) == 17, np.nan, x10), "y": np.zeros(10, np.int64)},
+            "x holds inf or nan in 1 sample(s), the first at index 5",
+        ),
         ({"x": x10, "y": np.array([0.5] * 9 + [np.inf])}, "y holds inf or nan"),
     ],
-)  # fmt: skip
+)
 def test_bad_data_is_refused_at_load_with_one_line(tmp_path, arrays, message):
     with pytest.raises(ValueError) as e:
         data.load(npz(tmp_path, **arrays))

@@ -26,9 +26,15 @@ def test_seed_fsdp_arithmetic():
 
 @pytest.mark.parametrize(
     "optimizer, precision, want",
-    [("adam", "fp32", (4, 4, 8)), ("momentum", "fp32", (4, 4, 4)), ("sgd", "fp32", (4, 4, 0)),
-     ("adam", "fp64", (8, 8, 16)), ("adam", "mixed", (2, 2, 12)), ("sgd", "mixed", (2, 2, 4))],
-)  # fmt: skip
+    [
+        ("adam", "fp32", (4, 4, 8)),
+        ("momentum", "fp32", (4, 4, 4)),
+        ("sgd", "fp32", (4, 4, 0)),
+        ("adam", "fp64", (8, 8, 16)),
+        ("adam", "mixed", (2, 2, 12)),
+        ("sgd", "mixed", (2, 2, 4)),
+    ],
+)
 def test_constants(optimizer, precision, want):
     assert mm.constants(optimizer, precision) == want
 
@@ -68,11 +74,15 @@ def test_communication_volume():
 
 @pytest.mark.parametrize(
     "call, message",
-    [(lambda: mm.model_states(10, 4, 2), "stage"), (lambda: mm.model_states(10, 1, 0), "ranks"),
-     (lambda: mm.model_states(10, 1, 2, "lion"), "optimizer"), (lambda: mm.model_states(-1, 1, 2), "params"),
-     (lambda: mm.model_states(10, 1, 2, "adam", "bf16"), "precision"),
-     (lambda: mm.largest_model(float("inf"), 1, 2), "memory")],
-)  # fmt: skip
+    [
+        (lambda: mm.model_states(10, 4, 2), "stage"),
+        (lambda: mm.model_states(10, 1, 0), "ranks"),
+        (lambda: mm.model_states(10, 1, 2, "lion"), "optimizer"),
+        (lambda: mm.model_states(-1, 1, 2), "params"),
+        (lambda: mm.model_states(10, 1, 2, "adam", "bf16"), "precision"),
+        (lambda: mm.largest_model(float("inf"), 1, 2), "memory"),
+    ],
+)
 def test_bad_input_says_what(call, message):
     with pytest.raises(ValueError, match=message):
         call()

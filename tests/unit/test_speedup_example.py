@@ -76,9 +76,18 @@ def test_bad_input_exits_2_with_usage(args, tmp_path):
 
 def test_calibrate_as_one_process_with_a_network(tmp_path):
     out = run(
-        "--calibrate", "--network", "10gbe", "--layers", "8,16,4", "--batch-size", "4",
-        "--save", str(tmp_path / "c.json"), "--plot", str(tmp_path / "p.png"),
-    )  # fmt: skip
+        "--calibrate",
+        "--network",
+        "10gbe",
+        "--layers",
+        "8,16,4",
+        "--batch-size",
+        "4",
+        "--save",
+        str(tmp_path / "c.json"),
+        "--plot",
+        str(tmp_path / "p.png"),
+    )
     assert out.returncode == 0, out.stderr
     cal = Calibration.load(tmp_path / "c.json")
     assert cal.step.params == 8 * 16 + 16 + 16 * 4 + 4 and cal.sweep == ()

@@ -16,9 +16,19 @@ from mpi_sgd.launch import env_seconds
 
 
 def status(rank, seq, blocked=None, calls=(), step=412, phase="forward", left=False):
-    return {"rank": rank, "host": f"h{rank}", "pid": 100 + rank, "step": step, "phase": phase, "phase_age": 3.0,
-            "seq": seq, "blocked": blocked, "calls": [list(c) for c in calls], "stack": f"stack of {rank}",
-            "left": left}  # fmt: skip
+    return {
+        "rank": rank,
+        "host": f"h{rank}",
+        "pid": 100 + rank,
+        "step": step,
+        "phase": phase,
+        "phase_age": 3.0,
+        "seq": seq,
+        "blocked": blocked,
+        "calls": [list(c) for c in calls],
+        "stack": f"stack of {rank}",
+        "left": left,
+    }
 
 
 ME_CALL = (57, "allreduce[3] of step 412 (call #57)", "allreduce((10,) float32 sum)")
@@ -36,7 +46,7 @@ def test_the_report_names_missing_ranks_where_they_were_and_every_stack():
             57,
             blocked=[57, "broadcast (call #57)", 60.0],
             calls=[(57, "broadcast (call #57)", "broadcast((10,) float32 root 0)")],
-        ),  # fmt: skip
+        ),
     }
     text = stall_report(me, others, timeout=60)
     head = text.splitlines()[0]

@@ -85,10 +85,32 @@ def every_call(comm) -> list[tuple]:
     assert comm.alloc_shared(4, torch.float64).tolist() == [0.0] * 4 and comm.node_shared is False
     with pytest.raises(SystemExit):
         comm.abort(3)
-    names = ["send", "iprobe", "probe", "recv", "irecv", "isend", "allreduce", "iallreduce", "broadcast",
-             "reduce", "gather", "allgather", "scatter", "reduce_scatter", "ireduce_scatter", "iallgather",
-             "barrier", "where", "bcast_obj", "allgather_obj", "gather_obj", "wtime", "alloc_shared",
-             "abort"]  # fmt: skip
+    names = [
+        "send",
+        "iprobe",
+        "probe",
+        "recv",
+        "irecv",
+        "isend",
+        "allreduce",
+        "iallreduce",
+        "broadcast",
+        "reduce",
+        "gather",
+        "allgather",
+        "scatter",
+        "reduce_scatter",
+        "ireduce_scatter",
+        "iallgather",
+        "barrier",
+        "where",
+        "bcast_obj",
+        "allgather_obj",
+        "gather_obj",
+        "wtime",
+        "alloc_shared",
+        "abort",
+    ]
     assert sorted(names) == SEAM  # the list above covers the whole seam
     return names
 

@@ -19,11 +19,26 @@ import torch
 from mpi4py import MPI
 
 OPS = ("sum", "avg", "min", "max", "prod", "band", "bor", "bxor")
-_NATIVE_OPS = {"sum": MPI.SUM, "avg": MPI.SUM, "min": MPI.MIN, "max": MPI.MAX, "prod": MPI.PROD,
-               "band": MPI.BAND, "bor": MPI.BOR, "bxor": MPI.BXOR}  # fmt: skip
+_NATIVE_OPS = {
+    "sum": MPI.SUM,
+    "avg": MPI.SUM,
+    "min": MPI.MIN,
+    "max": MPI.MAX,
+    "prod": MPI.PROD,
+    "band": MPI.BAND,
+    "bor": MPI.BOR,
+    "bxor": MPI.BXOR,
+}
 # bool has no arithmetic in MPI; torch treats a sum of bools as "any" and a product as "all".
-_BOOL_OPS = {"sum": MPI.LOR, "max": MPI.LOR, "bor": MPI.LOR, "min": MPI.LAND, "prod": MPI.LAND,
-             "band": MPI.LAND, "bxor": MPI.LXOR}  # fmt: skip
+_BOOL_OPS = {
+    "sum": MPI.LOR,
+    "max": MPI.LOR,
+    "bor": MPI.LOR,
+    "min": MPI.LAND,
+    "prod": MPI.LAND,
+    "band": MPI.LAND,
+    "bxor": MPI.LXOR,
+}
 _TORCH_OPS = {
     "sum": lambda inout, x: inout.add_(x),
     "avg": lambda inout, x: inout.add_(x),
@@ -35,8 +50,19 @@ _TORCH_OPS = {
 
 def _native_types() -> dict:
     out = {}
-    for dtype in (torch.float32, torch.float64, torch.float16, torch.int8, torch.uint8, torch.int16, torch.int32,
-                  torch.int64, torch.bool, torch.complex64, torch.complex128):  # fmt: skip
+    for dtype in (
+        torch.float32,
+        torch.float64,
+        torch.float16,
+        torch.int8,
+        torch.uint8,
+        torch.int16,
+        torch.int32,
+        torch.int64,
+        torch.bool,
+        torch.complex64,
+        torch.complex128,
+    ):
         try:
             out[dtype] = MPI.Datatype.fromcode(torch.empty(0, dtype=dtype).numpy().dtype.char)
         except (KeyError, ValueError):

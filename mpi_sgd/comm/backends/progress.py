@@ -84,8 +84,17 @@ class MPIWork(dist.distributed_c10d.Work):
     writes. The future is made only when asked for: a blocking call never needs one.
     """
 
-    def __init__(self, name: str, requests: Sequence[MPI.Request], result: list, finish=None, keep=None,
-                 timeout_s: float = INF, caller_waits: bool = False, statuses: bool = False):  # fmt: skip
+    def __init__(
+        self,
+        name: str,
+        requests: Sequence[MPI.Request],
+        result: list,
+        finish=None,
+        keep=None,
+        timeout_s: float = INF,
+        caller_waits: bool = False,
+        statuses: bool = False,
+    ):
         super().__init__()
         self.name, self.requests, self._result = name, list(requests), result
         self._finish, self._keep = finish, keep
@@ -355,8 +364,16 @@ def engine() -> Progress:
         return _progress
 
 
-def submit(name: str, requests, result: list, finish: Callable | None = None, keep=None, timeout=None,
-           caller_waits: bool = False, statuses: bool = False) -> MPIWork:  # fmt: skip
+def submit(
+    name: str,
+    requests,
+    result: list,
+    finish: Callable | None = None,
+    keep=None,
+    timeout=None,
+    caller_waits: bool = False,
+    statuses: bool = False,
+) -> MPIWork:
     """Hand started ``requests`` to the progress threads; returns the torch Work that completes with them.
 
     ``caller_waits``: a blocking call (torch's ``async_op=False``), whose thread calls ``wait()`` at

@@ -50,8 +50,16 @@ NAME = "mpi4py"
 _R = dist.ReduceOp.RedOpType
 # torch always passes its options object; this stands in for it when a method is called directly.
 _DEFAULT = SimpleNamespace(reduceOp=dist.ReduceOp.SUM, rootRank=0)
-_OP_NAMES = {_R.SUM: "sum", _R.AVG: "avg", _R.PRODUCT: "prod", _R.MIN: "min", _R.MAX: "max",
-             _R.BAND: "band", _R.BOR: "bor", _R.BXOR: "bxor"}  # fmt: skip
+_OP_NAMES = {
+    _R.SUM: "sum",
+    _R.AVG: "avg",
+    _R.PRODUCT: "prod",
+    _R.MIN: "min",
+    _R.MAX: "max",
+    _R.BAND: "band",
+    _R.BOR: "bor",
+    _R.BXOR: "bxor",
+}
 
 
 def _unsupported(call: str, what: str) -> NotImplementedError:
@@ -200,8 +208,10 @@ class MPI4PyProcessGroup(dist.ProcessGroup):
     def _reduce_scatter_tensor(self, output, input, reduce_op, call: str) -> _Op:
         _check(output, call), _check(input, call)
         if input.numel() != output.numel() * self._size or input.dtype != output.dtype:
-            raise ValueError(f"mpi4py backend: {call}: input must be {self._size} x output ({output.numel()} "
-                             f"elements of {output.dtype}), got {input.numel()} of {input.dtype}")  # fmt: skip
+            raise ValueError(
+                f"mpi4py backend: {call}: input must be {self._size} x output ({output.numel()} "
+                f"elements of {output.dtype}), got {input.numel()} of {input.dtype}"
+            )
         name, op = self._op(reduce_op, output.dtype, call)
         req = self.comm.Ireduce_scatter_block(mpitypes.buffer(input), mpitypes.buffer(output), op)
         return _Op([req], self._divide(name, output))
@@ -258,8 +268,10 @@ class MPI4PyProcessGroup(dist.ProcessGroup):
     def _all_gather_tensor(self, output, input, call: str) -> _Op:
         _check(output, call), _check(input, call)
         if output.numel() != input.numel() * self._size or input.dtype != output.dtype:
-            raise ValueError(f"mpi4py backend: {call}: output must be {self._size} x input ({input.numel()} "
-                             f"elements of {input.dtype}), got {output.numel()} of {output.dtype}")  # fmt: skip
+            raise ValueError(
+                f"mpi4py backend: {call}: output must be {self._size} x input ({input.numel()} "
+                f"elements of {input.dtype}), got {output.numel()} of {output.dtype}"
+            )
         return _Op([self.comm.Iallgather(mpitypes.buffer(input), mpitypes.buffer(output))])
 
     def all_gather_single(self, output, input, opts=_DEFAULT):

@@ -100,8 +100,14 @@ class SharedAllreduce:
     # -- the seam's calls ---------------------------------------------------------------------
     def allreduce(self, found, op: str = "sum") -> None:
         seg = found[0]
-        if (self.flat and not self.pending and self.failed is None and self.world_size > 1 and op in UFUNC
-                and (op != "avg" or seg.torch_dtype.is_floating_point)):  # fmt: skip
+        if (
+            self.flat
+            and not self.pending
+            and self.failed is None
+            and self.world_size > 1
+            and op in UFUNC
+            and (op != "avg" or seg.torch_dtype.is_floating_point)
+        ):
             try:
                 return self._flat_now(seg, found[1], found[2], op)
             except BaseException as e:

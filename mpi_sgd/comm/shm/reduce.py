@@ -40,8 +40,16 @@ def slice_bounds(n: int, parts: int, part: int, itemsize: int) -> tuple[int, int
     return min(n, first * per_line), min(n, last * per_line)
 
 
-def reduce_slice(acc_view: np.ndarray, sources: list[np.ndarray], a: int, b: int, op: str, push: bool,
-                 divide_by: int, half: torch.dtype | None = None) -> None:  # fmt: skip
+def reduce_slice(
+    acc_view: np.ndarray,
+    sources: list[np.ndarray],
+    a: int,
+    b: int,
+    op: str,
+    push: bool,
+    divide_by: int,
+    half: torch.dtype | None = None,
+) -> None:
     """Reduce elements [a, b) of every buffer in ``sources`` into ``acc_view`` (the target's own).
 
     ``divide_by`` > 1 divides the result ("avg"); with ``push`` the result is then written into

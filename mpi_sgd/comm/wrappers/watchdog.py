@@ -74,8 +74,14 @@ def without_watchdog(comm):
 class Watchdog(CommWrapper):
     """``inner`` with every call noted, and a thread that reports (and ends) a stall."""
 
-    def __init__(self, inner, timeout: float = 60.0, abort_after: float | None = None, poll: float | None = None,
-                 report: Callable[[str], None] | None = None):  # fmt: skip
+    def __init__(
+        self,
+        inner,
+        timeout: float = 60.0,
+        abort_after: float | None = None,
+        poll: float | None = None,
+        report: Callable[[str], None] | None = None,
+    ):
         super().__init__(inner)
         self.report = report or _to_stderr  # where the messages go (a test keeps them)
         self.timeout = timeout
@@ -209,11 +215,18 @@ class Watchdog(CommWrapper):
                 seq, name, step, index, _ = entry
                 blocked = [seq, what + call_label(name, step, index, seq), now - since]
         return {
-            "rank": self.rank, "host": self.host, "pid": self.pid, "step": self.step, "phase": self.phase,
-            "phase_age": now - self.phase_t, "seq": self.seq, "left": False, "blocked": blocked,
+            "rank": self.rank,
+            "host": self.host,
+            "pid": self.pid,
+            "step": self.step,
+            "phase": self.phase,
+            "phase_age": now - self.phase_t,
+            "seq": self.seq,
+            "left": False,
+            "blocked": blocked,
             "calls": self.history(calls),
             "stack": _stacks(drop_current=threading.current_thread() is not threading.main_thread()) if stack else "",
-        }  # fmt: skip
+        }
 
     def close(self) -> None:
         """Stop the watchdog's thread and free its communicator (collective); calls still pass through."""
