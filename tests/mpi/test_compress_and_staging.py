@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mpi_sgd.comm import compress, staged
+from mpi_sgd.comm.wrappers import compress, staged
 from mpi_sgd.comm.gpu import HostBuffers
 from tests.helpers import rank_data
 
