@@ -44,12 +44,8 @@ are serialised. So another thread has to sit in MPI while the caller computes:
 
 A request is completed by one thread only (MPI forbids two threads completing one request): a
 work is *claimed* by the waiter, the sweeper or its caller before any of them touches it. All of
-this needs ``MPI_THREAD_MULTIPLE``, which mpi4py asks for by default. (One module, longer than
-most here: the work and the threads that complete it share one lock and one claiming protocol,
-which are easier to check read together.)
-
-Over 300 lines, kept whole: the waiter and the sweeper hand works to each other under one lock
-and one set of deadlines; split, each would reach into the other's state.
+this needs ``MPI_THREAD_MULTIPLE``, which mpi4py asks for by default. The work itself, what torch
+waits on, is :class:`~.mpi4py_work.MPIWork`; it waits under this module's lock and is settled here.
 """
 
 from __future__ import annotations
@@ -58,109 +54,15 @@ import atexit
 import os
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
-import torch
-import torch.distributed as dist
 from mpi4py import MPI
+
+from .mpi4py_work import INF, MPIWork, overdue_error
 
 SWEEP_S = (0.0002, 0.01)  # the sweeper looks at works the waiter has not reached this often: first, at most
 IDLE_LOOK_S = 1.0  # with nothing to look at, the sweeper still checks deadlines this often
 CALLER_POLL_S = 0.001  # a caller polls its own work this long before handing it to an idle waiter
-INF = float("inf")
-
-
-def overdue_error(name: str, seconds: float) -> RuntimeError:
-    return RuntimeError(
-        f"mpi4py backend: {name} did not complete within {seconds:g} s (did another rank fail, or call something else?)"
-    )
-
-
-class MPIWork(dist.distributed_c10d.Work):
-    """A torch ``Work`` over MPI requests: ``wait()``, ``is_completed()``, ``get_future()``.
-
-    ``result`` (the tensors the call wrote) becomes the future's value; ``finish`` runs once the
-    requests are done and before anyone is told so; ``keep`` holds buffers MPI still reads or
-    writes. The future is made only when asked for: a blocking call never needs one.
-    """
-
-    def __init__(
-        self,
-        name: str,
-        requests: Sequence[MPI.Request],
-        result: list,
-        finish=None,
-        keep=None,
-        timeout_s: float = INF,
-        caller_waits: bool = False,
-        statuses: bool = False,
-    ):
-        super().__init__()
-        self.name, self.requests, self._result = name, list(requests), result
-        self._finish, self._keep = finish, keep
-        self.statuses = [MPI.Status() for _ in self.requests] if statuses else None
-        self.timeout_s, self.deadline = timeout_s, time.monotonic() + timeout_s
-        # Who may complete the requests: None (not yet claimed), "waiter", "sweeper", or "caller" for
-        # a blocking call, whose own thread polls them in wait() (torch calls it straight away).
-        self.owner: str | None = "caller" if caller_waits else None
-        self.progress: Progress | None = None
-        self.listed = False  # in the progress threads' pending list
-        self.settling = self.done = False
-        self._error: BaseException | None = None
-        self._future: torch.futures.Future | None = None
-
-    # -- the torch Work interface ------------------------------------------------------------
-    def wait(self, timeout=None) -> bool:
-        """Block until done; past ``timeout`` (else the group's), raise naming the call and rank."""
-        seconds = timeout.total_seconds() if timeout else self.timeout_s
-        deadline = time.monotonic() + seconds
-        if self.owner == "caller" and not self.done:
-            self.progress.drive(self, deadline)
-        with self.progress.lock:
-            while not self.done:
-                left = deadline - time.monotonic()
-                if left <= 0 or not self.progress.done_cv.wait(None if left == INF else left):
-                    if not self.done:
-                        raise overdue_error(self.name, seconds)
-        if self._error is not None:
-            raise self._error
-        return True
-
-    def is_completed(self) -> bool:
-        return self.done
-
-    def is_success(self) -> bool:
-        return self.done and self._error is None
-
-    def exception(self):
-        return self._error
-
-    def get_future(self) -> torch.futures.Future:
-        with self.progress.lock:
-            made, fut = self._future is None, self._future
-            if made:
-                fut = self._future = torch.futures.Future()
-            done = self.done
-        if made and done:  # finished before anyone asked for the future
-            self._complete_future(fut)
-        return fut
-
-    def _complete_future(self, fut: torch.futures.Future) -> None:
-        if self._error is None:
-            fut.set_result(self._result)
-        else:
-            fut.set_exception(self._error)
-
-    def result(self) -> list:
-        self.wait()
-        return self._result
-
-    def source_rank(self) -> int:
-        """For a receive from any source: who sent it."""
-        self.wait()
-        return self.statuses[0].Get_source()
-
-    _source_rank = source_rank
 
 
 class Progress:

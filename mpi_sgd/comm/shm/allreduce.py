@@ -37,41 +37,26 @@ a slower one while it still has backward work to do. Consequence: complete (``wa
 shared requests before entering other blocking collectives on the same communicator, as the
 strategies do; a rank that does not can stall its peers until the bounded wait names it.
 
-A few lines over 300: the stages above are one state machine over a call; the arithmetic is in
-:mod:`.reduce` and the waiting in :mod:`.sync` already.
+The stages themselves, one step of one call at a time, are :mod:`.stages`; the arithmetic is in
+:mod:`.reduce` and the waiting in :mod:`.sync`.
 """
 
 from __future__ import annotations
 
 from collections import deque
 
-import numpy as np
 from mpi4py import MPI
 
-from ..base import CollectiveMismatchError, CommError, Request, check_op
-from .reduce import MPI_OP, OP_CODE, OP_NAMES, UFUNC, reduce_slice, slice_bounds
-from .sync import ARRIVED, COPIED, READY, REDUCED, SLOTS, NodeSync
+from ..base import CommError, Request, check_op
+from .reduce import OP_CODE, UFUNC, reduce_slice, slice_bounds
+from .stages import DONE, Call, Stages
+from .sync import ARRIVED, REDUCED, SLOTS, NodeSync
 from .window import NodeMemory, _Segment
 
 MIN_BYTES = 64 << 10  # smaller buffers take MPI's own all-reduce
-DONE = 99
 
 
-def _describe(desc: list[int]) -> str:
-    return f"buffer #{desc[1]} from element {desc[2]}, {desc[3] // 8} elements, op {OP_NAMES[desc[3] % 8]}"
-
-
-class _Call:
-    """One all-reduce on its way through the stages (``stage`` is the last counter it signalled)."""
-
-    __slots__ = ("seq", "seg", "lo", "n", "op", "stage", "request")
-
-    def __init__(self, seq: int, seg: _Segment, lo: int, n: int, op: str):
-        self.seq, self.seg, self.lo, self.n, self.op = seq, seg, lo, n, op
-        self.stage, self.request = ARRIVED, None
-
-
-class SharedAllreduce:
+class SharedAllreduce(Stages):
     """The all-reduce for buffers from :meth:`alloc`; flat on one node, hierarchical across nodes."""
 
     def __init__(self, comm: MPI.Comm, node_size: int | None = None, timeout: float | None = None):
@@ -82,7 +67,7 @@ class SharedAllreduce:
         self.everyone = list(range(self.mem.size))
         self.others = [q for q in self.everyone if q != self.mem.rank]
         self.seq = 0
-        self.pending: deque[_Call] = deque()
+        self.pending: deque[Call] = deque()
         self.failed: BaseException | None = None
         self.min_bytes = MIN_BYTES  # the tests lower it to run the algorithm on every length
 
@@ -141,7 +126,7 @@ class SharedAllreduce:
         sync.wait_for(ARRIVED, seq, self.others, "to start all-reduce")
         win.Sync()
         if sync.differs(seq, desc, self.others):
-            self._check_descriptors(_Call(seq, seg, lo, n, op))  # raises, naming both
+            self._check_descriptors(Call(seq, seg, lo, n, op))  # raises, naming both
         a, b = slice_bounds(n, self.mem.size, self.mem.rank, seg.dtype.itemsize)
         acc, sources = self._operands(seg, self.mem.rank)
         reduce_slice(acc, sources, lo + a, lo + b, op, True, self.world_size if op == "avg" else 1, seg.half)
@@ -161,7 +146,7 @@ class SharedAllreduce:
         self.failed = error
         raise error
 
-    def _start(self, found, op: str) -> _Call | None:
+    def _start(self, found, op: str) -> Call | None:
         seg, lo, n = found
         if op not in UFUNC:
             check_op(op)  # raises, naming the valid ops
@@ -176,11 +161,11 @@ class SharedAllreduce:
         except BaseException as e:
             self._fail(e)
 
-    def _arrive(self, seg: _Segment, lo: int, n: int, op: str) -> _Call:
+    def _arrive(self, seg: _Segment, lo: int, n: int, op: str) -> Call:
         sync = self.sync
         self.seq += 1
         seq = self.seq
-        call = _Call(seq, seg, lo, n, op)
+        call = Call(seq, seg, lo, n, op)
         # Flow control: the descriptor slot about to be overwritten must have been read by every
         # rank, this one included, i.e. they all reduced the call that last used it.
         need = seq - SLOTS
@@ -192,14 +177,14 @@ class SharedAllreduce:
         self.pending.append(call)
         return call
 
-    def _test(self, call: _Call) -> bool:
+    def _test(self, call: Call) -> bool:
         try:
             self._progress()
         except BaseException as e:
             self._fail(e)
         return call.stage == DONE
 
-    def _wait(self, call: _Call) -> None:
+    def _wait(self, call: Call) -> None:
         try:
             while call.stage != DONE:
                 blocked = self._progress()
@@ -232,90 +217,6 @@ class SharedAllreduce:
         while self.pending and self.pending[0].stage == DONE:
             self.pending.popleft()
         return blocked
-
-    def _step(self, call: _Call):
-        """Do the next stage of ``call`` if the other ranks allow; else return ``(missing, what)``."""
-        mem, sync, seq, seg = self.mem, self.sync, call.seq, call.seg
-        leader = mem.rank == 0
-        if call.stage == ARRIVED:
-            if sync.behind(ARRIVED, seq, self.others):
-                return self._waiting(ARRIVED, seq, self.others, f"to start all-reduce #{seq}")
-            sync.fence(seg.win)  # what the others wrote before arriving (descriptors, data) is visible from here
-            self._check_descriptors(call)
-            self._reduce(call, push=self.flat)
-            sync.fence(seg.win)  # our reads and writes are over before we say so
-            sync.signal(REDUCED, seq)
-            call.stage = REDUCED
-        elif call.stage == REDUCED and self.flat:
-            if sync.behind(REDUCED, seq, self.others):
-                return self._waiting(REDUCED, seq, self.others, f"to write their slices of all-reduce #{seq}")
-            sync.fence(seg.win)
-            call.stage = DONE
-        elif call.stage == REDUCED and leader:
-            if sync.behind(REDUCED, seq, self.others):
-                return self._waiting(REDUCED, seq, self.others, f"to reduce their slices of all-reduce #{seq}")
-            sync.fence(seg.win)
-            mine = seg.views[0][call.lo : call.lo + call.n]
-            call.request = mem.leaders.Iallreduce(MPI.IN_PLACE, mine, MPI_OP[call.op])
-            call.stage = READY
-        elif call.stage == READY and leader:
-            if not call.request.Test():
-                # Testing drives MPI's progress; a completed request tests true again (it is null by then).
-                return (lambda: [] if call.request.Test() else mem.other_leaders), (
-                    f"(the other nodes' leaders) in all-reduce #{seq}, MPI between nodes"
-                )
-            if call.op == "avg":
-                mine = seg.views[0][call.lo : call.lo + call.n]
-                np.divide(mine, self.world_size, out=mine)
-            sync.fence(seg.win)
-            sync.signal(READY, seq)
-            call.stage = COPIED if self.others else DONE
-        elif call.stage == COPIED and leader:
-            if sync.behind(COPIED, seq, self.others):
-                return self._waiting(COPIED, seq, self.others, f"to copy the result of all-reduce #{seq}")
-            sync.fence(seg.win)
-            call.stage = DONE
-        else:  # a non-leader of a multi-node job, after reducing: fetch the leader's result
-            if sync.behind(READY, seq, [0]):
-                return self._waiting(READY, seq, [0], f"(its node leader) to finish all-reduce #{seq}")
-            sync.fence(seg.win)
-            a, b = call.lo, call.lo + call.n
-            np.copyto(seg.views[mem.rank][a:b], seg.views[0][a:b])
-            sync.fence(seg.win)
-            sync.signal(COPIED, seq)
-            call.stage = DONE
-        return None
-
-    def _waiting(self, counter: int, seq: int, ranks, what: str):
-        return (lambda: self.sync.behind(counter, seq, ranks)), what
-
-    def _check_descriptors(self, call: _Call) -> None:
-        """Every rank must have passed the same window, offset, length and op: else it would reduce garbage."""
-        mem, mine = self.mem, self.sync.descriptor(call.seq, self.mem.rank)
-        for q in self.others:
-            theirs = self.sync.descriptor(call.seq, q)
-            if theirs != mine:
-                me, them = mem.world_ranks[mem.rank], mem.world_ranks[q]
-                raise CollectiveMismatchError(
-                    f"ranks passed different shared buffers to all-reduce #{call.seq}: "
-                    f"rank {me} {_describe(mine)}, rank {them} {_describe(theirs)}"
-                )
-
-    def _reduce(self, call: _Call, push: bool) -> None:
-        """This rank's slice of every node buffer, reduced into its own buffer and pushed into every
-        other (flat), or reduced into the node leader's (across nodes, where the leader divides)."""
-        a, b = slice_bounds(call.n, self.mem.size, self.mem.rank, call.seg.dtype.itemsize)
-        acc, sources = self._operands(call.seg, self.mem.rank if push else 0)
-        divide_by = self.world_size if call.op == "avg" and push else 1
-        reduce_slice(acc, sources, call.lo + a, call.lo + b, call.op, push, divide_by, call.seg.half)
-
-    def _operands(self, seg: _Segment, target: int) -> tuple:
-        """``target``'s view of ``seg`` and the other node ranks' in rank order (the summation order)."""
-        found = seg.operands.get(target)
-        if found is None:
-            views = seg.views
-            found = seg.operands[target] = (views[target], [v for q, v in enumerate(views) if q != target])
-        return found
 
     def close(self) -> None:
         """Finish pending calls and free every window (collective)."""
