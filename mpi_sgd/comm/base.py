@@ -25,6 +25,10 @@ Buffer conventions (the same on every backend):
   leaves segment ``rank`` in ``recvbuf``; ``counts`` defaults to an equal split.
 * ``iallreduce``, ``ireduce_scatter`` and ``iallgather`` start the same operations and return a
   :class:`Request`; the buffers must not be touched until it completes.
+
+Sub-communicators: :meth:`Communicator.split` and :meth:`Communicator.split_type` cut a communicator
+into parts as ``MPI_Comm_split`` and ``MPI_Comm_split_type`` do, on every backend; a wrapper splits
+what it wraps and wraps each part the same way (:mod:`.wrappers.wrapper`).
 """
 
 from __future__ import annotations
@@ -34,13 +38,14 @@ from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 from .errors import CollectiveMismatchError, CommError
+from .split import SPLIT_TYPES, check_split_type, split_table
 
 OPS = ("sum", "avg", "min", "max", "prod")
 # Wildcards for probe/iprobe: a message from any rank, with any tag (MPI_ANY_SOURCE, MPI_ANY_TAG).
 ANY_SOURCE = -1
 ANY_TAG = -1
 
-__all__ = ["CollectiveMismatchError", "CommError"]  # defined in errors.py, part of the seam
+__all__ = ["SPLIT_TYPES", "CollectiveMismatchError", "CommError"]  # defined in errors.py and split.py, part of the seam
 
 
 class Status(NamedTuple):
@@ -232,7 +237,44 @@ class Communicator(abc.ABC):
 
     @abc.abstractmethod
     def abort(self, code: int = 1) -> None:
-        """End every rank of the job now. Used when one rank fails so the others do not hang."""
+        """End every rank of the job now, those outside this communicator too (a sub-communicator's
+        abort ends the whole job). Used when one rank fails so the others do not hang."""
+
+    # -- sub-communicators -----------------------------------------------------------------
+    @abc.abstractmethod
+    def split(self, color: int | None, key: int | None = None) -> Communicator | None:
+        """This rank's part of the communicator cut by ``color``, as ``MPI_Comm_split`` cuts it.
+
+        **Collective over this communicator**: every rank calls it, at the same point. Ranks that
+        pass the same ``color`` (a whole number, 0 or more) form one sub-communicator, in which
+        they are numbered by ``key`` and then by their rank here (``key`` defaults to that rank,
+        which keeps their order); a rank that passes ``None`` (MPI_UNDEFINED) takes part and gets
+        None. Colors need not be consecutive and parts may differ in size; a part of one rank is
+        an ordinary world of one. Each sub-communicator is a new communication context: its
+        messages never meet this one's. It has the same backend as this one; around a wrapped
+        communicator, each part is wrapped with the same wrappers and settings
+        (:meth:`~mpi_sgd.comm.wrappers.wrapper.CommWrapper.split`). A bad color or key on any rank
+        raises ``ValueError`` on every rank, naming it, before any part is made.
+        """
+
+    @abc.abstractmethod
+    def split_type(self, kind: str = "node", key: int | None = None) -> Communicator:
+        """The ranks of this communicator that share this rank's node (memory), as
+        ``MPI_Comm_split_type(MPI_COMM_TYPE_SHARED)``; ordered by ``key``, then rank (:meth:`split`).
+
+        Collective over this communicator, like :meth:`split`. ``kind`` is ``"node"``, the one kind
+        in :data:`SPLIT_TYPES`; its ``local_rank`` and ``local_size`` are its rank and size.
+        """
+
+    def _agree_split(self, color, key) -> dict[int, list[int]]:
+        """Every rank's color and key, judged alike on every rank (:func:`split_table`)."""
+        return split_table(self.allgather_obj((color, self.rank if key is None else key)))
+
+    def _agree_split_type(self, kind, key) -> int:
+        """Every rank's kind and key, judged alike on every rank; returns this rank's key."""
+        key = self.rank if key is None else key
+        check_split_type(self.allgather_obj((kind, key)))
+        return key
 
     # -- small Python objects (pickled; for metadata, never for tensors on a hot path) -----
     @abc.abstractmethod

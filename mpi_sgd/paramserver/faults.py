@@ -4,7 +4,9 @@
 ``MPI_Finalize``, no ``MPI_Abort``, no message to anyone, exit status 1, which is what the rest
 of the job sees when a worker's machine goes away (under hydra a death by *signal* brings the
 whole job down whatever the launcher flags, so a drill that means to be survived exits instead;
-see :mod:`mpi_sgd.paramserver`). Everything else is delegated to the wrapped communicator.
+see :mod:`mpi_sgd.paramserver`). Everything else is delegated to the wrapped communicator. The
+count is the process's: a part split off the communicator shares it, so the process still exits
+at its ``sends``-th send, whichever communicator makes it.
 """
 
 from __future__ import annotations
@@ -20,11 +22,17 @@ class ExitAfter(CommWrapper):
         if sends < 1:
             raise ValueError(f"sends must be at least 1, got {sends}")
         super().__init__(inner)
-        self.left, self.code = sends, code
+        self.code = code
+        self.left = [sends]  # sends to go, in a list that the parts split off this one share
+
+    def _rewrap(self, inner):
+        part = self._rebuild(inner)
+        part.left = self.left
+        return part
 
     def _count(self) -> None:
-        self.left -= 1
-        if self.left == 0:
+        self.left[0] -= 1
+        if self.left[0] == 0:
             print(f"rank {self.inner.rank}: exiting now (fault drill)", flush=True)
             sys.stderr.flush()
             os._exit(self.code)

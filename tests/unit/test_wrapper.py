@@ -83,6 +83,8 @@ def every_call(comm) -> list[tuple]:
     assert comm.bcast_obj("o", 0) == "o" and comm.allgather_obj(1) == [1] and comm.gather_obj(2, 0) == [2]
     assert comm.wtime() > 0
     assert comm.alloc_shared(4, torch.float64).tolist() == [0.0] * 4 and comm.node_shared is False
+    part, node = comm.split(0, 5), comm.split_type("node")
+    assert type(part) is type(node) is type(comm) and part.size == node.size == 1  # wrapped alike
     with pytest.raises(SystemExit):
         comm.abort(3)
     names = [
@@ -109,6 +111,8 @@ def every_call(comm) -> list[tuple]:
         "gather_obj",
         "wtime",
         "alloc_shared",
+        "split",
+        "split_type",
         "abort",
     ]
     assert sorted(names) == SEAM  # the list above covers the whole seam

@@ -154,6 +154,15 @@ class LocalComm(Communicator):
     def abort(self, code=1):
         raise SystemExit(code)
 
+    # -- sub-communicators: of one rank, or none ------------------------------------------
+    def split(self, color, key=None):
+        self._agree_split(color, key)
+        return None if color is None else LocalComm()  # a new context: its own messages to self
+
+    def split_type(self, kind="node", key=None):
+        self._agree_split_type(kind, key)
+        return LocalComm()
+
     # -- objects --------------------------------------------------------------------------
     def bcast_obj(self, obj, root=0):
         _check_rank(root, "root")

@@ -222,7 +222,19 @@ class MPIComm(Communicator):
         self.comm.Barrier()
 
     def abort(self, code=1):
-        self.comm.Abort(code)
+        # The whole job, whatever this communicator spans: the standard promises only a best attempt
+        # at the ranks of the communicator given (MPICH and Open MPI end the job today, as a choice).
+        MPI.COMM_WORLD.Abort(code)
+
+    # -- sub-communicators ----------------------------------------------------------------
+    def split(self, color, key=None):
+        self._agree_split(color, key)  # a bad color or key fails on every rank, before MPI's split
+        part = self.comm.Split(MPI.UNDEFINED if color is None else color, self.rank if key is None else key)
+        return None if color is None else MPIComm(part, self._node_size)
+
+    def split_type(self, kind="node", key=None):
+        key = self._agree_split_type(kind, key)
+        return MPIComm(self.comm.Split_type(MPI.COMM_TYPE_SHARED, key=key), self._node_size)
 
     # -- objects --------------------------------------------------------------------------
     def bcast_obj(self, obj, root=0):

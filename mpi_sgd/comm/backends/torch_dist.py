@@ -35,6 +35,7 @@ from ..base import CommError, Communicator, Request, check_avg, check_op, displa
 from . import TORCH_BACKENDS
 from .local import Loopback
 from .rendezvous import tcp_store
+from .torch_groups import make_groups
 
 TORCH_NAME = {"torch-mpi4py": "mpi4py"}  # seam backend -> torch.distributed backend, where they differ
 NATIVE_AVG_AND_REDUCE_SCATTER = ("torch-mpi4py", "nccl")
@@ -91,13 +92,21 @@ class TorchDistComm(Communicator):
     ``TorchDistComm`` holds a group in ``self.group`` and passes it on every call: the first one
     in a process creates torch's default group (torch's rendezvous store lives there) and uses
     it; each later one makes a new group of its own backend over its own ranks with
-    ``dist.new_group``, which only its members take part in. That first communicator therefore
-    decides which processes torch knows of: make it over every process that will use torch
-    (the world), not over a part. Ranks here are ``mpi``'s; its order must be the world's
-    (``Split`` with ``key=rank``, as usual), since torch orders a group's ranks that way.
+    ``dist.new_group``, which only its members take part in (:mod:`.torch_groups` says how). That
+    first communicator therefore decides which processes torch knows of: make it over every
+    process that will use torch (the world), not over a part. Ranks here are ``mpi``'s.
+    :meth:`split` makes the groups of every part at once, on every rank; ``group`` (with
+    ``device``) is how a part is handed its own.
     """
 
-    def __init__(self, backend: str, mpi: Communicator, timeout_s: float = 300.0):
+    def __init__(
+        self,
+        backend: str,
+        mpi: Communicator,
+        timeout_s: float = 300.0,
+        group: dist.ProcessGroup | None = None,
+        device: torch.device | None = None,
+    ):
         if backend not in TORCH_BACKENDS:
             raise ValueError(f"unknown torch.distributed backend {backend!r}; choose one of {TORCH_BACKENDS}")
         if unavailable(backend):
@@ -108,10 +117,16 @@ class TorchDistComm(Communicator):
         self.rank, self.size = mpi.rank, mpi.size
         self.local_rank, self.local_size = mpi.local_rank, mpi.local_size
         self._self = Loopback()
-        self.device = torch.device("cuda", self.local_rank) if backend == "nccl" else torch.device("cpu")
+        self.timeout_s = timeout_s
+        if device is None:  # a part keeps its parent's: local_rank counts only the part's ranks
+            device = torch.device("cuda", self.local_rank) if backend == "nccl" else torch.device("cpu")
+        self.device = device
         if backend == "nccl":
             torch.cuda.set_device(self.device)
-        self.group = self._own_group(datetime.timedelta(seconds=timeout_s))
+        if group is None:
+            self.group = self._own_group(datetime.timedelta(seconds=timeout_s))
+        else:
+            self.group, self.torch_ranks = group, self.mpi.allgather_obj(dist.get_rank())
 
     def _own_group(self, timeout: datetime.timedelta):
         # Decided together: a rank that made the default group and one that did not would wait
@@ -128,14 +143,12 @@ class TorchDistComm(Communicator):
         # torch's own numbering of this communicator's members, in our rank order: what dist.*
         # calls take as src, dst and root
         self.torch_ranks = self.mpi.allgather_obj(dist.get_rank())
-        if self.torch_ranks != sorted(set(self.torch_ranks)):  # in order, and all from one torch world
+        if len(set(self.torch_ranks)) != len(self.torch_ranks):  # all from the one torch world
             raise CommError(
-                f"torch knows these ranks as {self.torch_ranks}: they must be distinct and in order "
-                "(split the communicator with key=rank, from the world the first torch communicator spans)"
+                f"torch knows these ranks as {self.torch_ranks}: they must be distinct (make this communicator "
+                "from the world the first torch communicator spans)"
             )
-        return dist.new_group(
-            self.torch_ranks, timeout=timeout, backend=self.torch_backend, use_local_synchronization=True
-        )
+        return make_groups(self.mpi, self.torch_backend, [self.torch_ranks], timeout)[0]
 
     def _init_default_group(self, timeout: datetime.timedelta) -> None:
         self.torch_ranks = list(range(self.size))
@@ -252,6 +265,24 @@ class TorchDistComm(Communicator):
 
     def barrier(self):
         dist.barrier(self.group)
+
+    # -- sub-communicators: an MPI part for rank, size and objects, a torch group for the rest --
+    def split(self, color, key=None):
+        parts = self._agree_split(color, key)
+        mpi = self.mpi.split(color, key)
+        timeout = datetime.timedelta(seconds=self.timeout_s)
+        groups = make_groups(
+            self.mpi, self.torch_backend, [[self.torch_ranks[r] for r in p] for p in parts.values()], timeout
+        )
+        if color is None:
+            return None
+        group = groups[list(parts).index(color)]
+        return TorchDistComm(self.backend, mpi, self.timeout_s, group=group, device=self.device)
+
+    def split_type(self, kind="node", key=None):
+        key = self._agree_split_type(kind, key)
+        node = self.mpi.split_type(kind, key)
+        return self.split(min(node.allgather_obj(self.rank)), key)  # a node is named by its lowest rank here
 
     def abort(self, code=1):
         self.mpi.abort(code)

@@ -18,6 +18,13 @@ measure how long the job took to end after it (``mpi-sgd faults`` does). :class:
 wrapper like the others: ``comm.init`` puts it outermost when the variable is set, so the
 watchdog below it sees the faulty calls as they reach MPI.
 
+**Which rank, in a split communicator.** The ``rank`` of a fault is a rank of the *job*: its rank
+in the communicator the :class:`FaultComm` was first put around, the world under ``comm.init``.
+Each part of a split keeps the fault and that number, so the fault strikes the same process in
+whichever part, whatever its rank there; and one process has one fault: it fires once, at the
+first ``where("forward", step)`` any of its communicators hears, and a ``nan`` or ``shape`` it arms
+spoils the next all-reduce this process makes on any of them.
+
 A NaN injected inside the all-reduce looks, to every rank, like corruption in transit: each rank's
 own gradients were finite when checked. So :attr:`FaultComm.tampered` says what this wrapper did to
 the data; the trainer's non-finite stop reads it (``getattr(comm, "tampered", None)``, None on every
@@ -36,6 +43,16 @@ from .wrapper import CommWrapper
 
 KINDS = ("raise", "kill", "stall", "nan", "shape", "exit0")
 ANNOUNCE = "mpi_sgd fault:"  # the line's prefix; the wall-clock time of the fault ends it
+
+
+@dataclass
+class _Shot:
+    """What one process has done about its fault: shared by a FaultComm and every part split off it."""
+
+    step: int | None = None
+    armed: str | None = None  # "nan" or "shape": the next all-reduce's
+    fired: bool = False
+    tampered: str | None = None
 
 
 @dataclass(frozen=True)
@@ -61,20 +78,34 @@ class Fault:
 
 
 class FaultComm(CommWrapper):
-    """``inner`` with ``fault`` injected on its rank at its step."""
+    """``inner`` with ``fault`` injected in the process that is rank ``fault.rank`` of the job.
 
-    def __init__(self, inner, fault: Fault):
+    ``job_rank``: this process's rank in the job, by default its rank in ``inner`` (the world).
+    """
+
+    def __init__(self, inner, fault: Fault, job_rank: int | None = None):
         super().__init__(inner)
-        self.fault, self.step, self.armed, self.fired = fault, None, None, False
-        self.tampered: str | None = None  # what this rank did to the data it sent, once it has
+        self.fault = fault
+        self.job_rank = inner.rank if job_rank is None else job_rank
+        self.shot = _Shot()
+
+    def _rewrap(self, inner):
+        part = self._rebuild(inner, job_rank=self.job_rank)
+        part.shot = self.shot  # one fault per process, whichever communicator it strikes through
+        return part
+
+    @property
+    def tampered(self) -> str | None:
+        """What this process did to the data it sent, once it has (see the module docstring)."""
+        return self.shot.tampered
 
     def where(self, phase: str, step: int | None = None) -> None:
         self.inner.where(phase, step)  # the watchdog notes the moment first
+        shot, f = self.shot, self.fault
         if step is not None:
-            self.step = step
-        f = self.fault
-        if not self.fired and phase == "forward" and self.step == f.step and self.rank == f.rank:
-            self.fired = True
+            shot.step = step
+        if not shot.fired and phase == "forward" and shot.step == f.step and self.job_rank == f.rank:
+            shot.fired = True
             self._fire()
 
     def _fire(self) -> None:
@@ -92,22 +123,23 @@ class FaultComm(CommWrapper):
                 time.sleep(3600)
         if f.kind == "exit0":
             sys.exit(0)  # SystemExit is no error: no abort hook, exit status 0
-        self.armed = f.kind  # nan, shape: the next gradient all-reduce
+        self.shot.armed = f.kind  # nan, shape: the next gradient all-reduce
 
     def _tamper(self, buf):
-        kind, self.armed = self.armed, None
+        shot = self.shot
+        kind, shot.armed = shot.armed, None
         if kind == "nan":
             buf[...] = float("nan")
-            self.tampered = f"MPI_SGD_FAULT={self.fault} replaced its all-reduce input of step {self.step} by NaN"
+            shot.tampered = f"MPI_SGD_FAULT={self.fault} replaced its all-reduce input of step {shot.step} by NaN"
         elif kind == "shape":
             buf = buf[:-1]
         return buf
 
     def allreduce(self, buf, op="sum"):
-        if self.armed:
+        if self.shot.armed:
             self.inner.allreduce(self._tamper(buf), op)
             return buf
         return self.inner.allreduce(buf, op)
 
     def iallreduce(self, buf, op="sum"):
-        return self.inner.iallreduce(self._tamper(buf) if self.armed else buf, op)
+        return self.inner.iallreduce(self._tamper(buf) if self.shot.armed else buf, op)

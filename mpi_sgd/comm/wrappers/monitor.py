@@ -33,7 +33,7 @@ import sys
 import threading
 import time
 
-from .stallreport import mismatch_report, stall_report
+from .stallreport import mismatch_report, rank_labels, stall_report
 
 REQ, STATUS, LEFT, CHECK, HIST_REQ, HIST = range(1, 7)  # side-channel tags
 ANSWER_WAIT = 2.0  # seconds to wait for the others' answers
@@ -146,7 +146,9 @@ class Monitor:
                 if self.wd.abort_after and waited >= self.wd.abort_after and reported == blocked:
                     self._abort()
         except Exception as e:  # the watchdog must never be what breaks a job
-            sys.stderr.write(f"mpi_sgd watchdog on rank {self.wd.rank} stopped: {e!r}\n")
+            sys.stderr.write(
+                f"mpi_sgd watchdog on rank {rank_labels(self.wd.world_ranks)(self.wd.rank)} stopped: {e!r}\n"
+            )
 
     def _report_stall(self) -> None:
         me = self.wd.status()
@@ -158,7 +160,7 @@ class Monitor:
         for r, s in answers.items():
             if r < self.wd.rank and s and s["blocked"] and s["blocked"][2] >= self.wd.timeout - 2 * self.wd.poll:
                 return
-        self.wd.report(stall_report(me, answers, self.wd.timeout))
+        self.wd.report(stall_report(me, answers, self.wd.timeout, self.wd.world_ranks))
 
     def _check_calls(self) -> None:
         """The always-on mismatch check: every rank's newest kept CRC against rank 0's."""
@@ -178,15 +180,16 @@ class Monitor:
 
     def _report_mismatch(self, rank: int, theirs: dict | None) -> None:
         """Print the first call that differed between rank 0 and ``rank`` (from its history), and abort."""
-        text = f"mpi_sgd watchdog: rank {rank}'s collective calls differ from rank 0's"
+        name = rank_labels(self.wd.world_ranks)
+        text = f"mpi_sgd watchdog: rank {name(rank)}'s collective calls differ from rank {name(0)}'s"
         if theirs:
             mine = {c[0]: c for c in self.wd.history()}
             differ = sorted(c[0] for c in theirs["calls"] if c[0] in mine and mine[c[0]][2] != c[2])
             if differ:
                 first = next(c for c in theirs["calls"] if c[0] == differ[0])
-                text = mismatch_report(differ[0], {0: list(mine[differ[0]]), rank: first})
+                text = mismatch_report(differ[0], {0: list(mine[differ[0]]), rank: first}, self.wd.world_ranks)
             else:
-                text += f": rank 0 made {self.wd.seq} collective calls, rank {rank} {theirs['seq']}"
+                text += f": rank {name(0)} made {self.wd.seq} collective calls, rank {name(rank)} {theirs['seq']}"
         self.wd.report(text)
         self._mismatch_reported = True
         self._abort()

@@ -10,7 +10,8 @@ default 60, or ``MPI_SGD_STALL_TIMEOUT``), the rank asks every other rank for th
 prints which ranks have not started that call, where each was last seen and every rank's Python
 stack (written by :mod:`faulthandler`), then aborts the job with status 1 (``abort_after``:
 seconds of waiting before the abort, default the timeout; 0 reports only). The message is built
-by :mod:`mpi_sgd.comm.wrappers.stallreport`.
+by :mod:`mpi_sgd.comm.wrappers.stallreport`. A part of a split communicator gets a watchdog of its
+own with the same settings; its reports name each rank by its rank in the part and in the job.
 
 **How a rank blocked in MPI learns about the others**: from a thread of its own with a side
 channel, a duplicated communicator polled with non-blocking calls, which needs
@@ -81,9 +82,12 @@ class Watchdog(CommWrapper):
         abort_after: float | None = None,
         poll: float | None = None,
         report: Callable[[str], None] | None = None,
+        world_ranks: list[int] | None = None,
     ):
         super().__init__(inner)
         self.report = report or _to_stderr  # where the messages go (a test keeps them)
+        # Each rank's rank in the job, which messages add to a sub-communicator's own rank numbers.
+        self.world_ranks = list(range(self.size)) if world_ranks is None else list(world_ranks)
         self.timeout = timeout
         self.abort_after = timeout if abort_after is None else (max(abort_after, timeout) if abort_after else 0.0)
         self.poll = poll if poll is not None else min(0.5, timeout / 10)
@@ -93,6 +97,11 @@ class Watchdog(CommWrapper):
         self.calls: deque = deque(maxlen=4 * 1024)  # (seq, name, step, index, call): what a mismatch report shows
         self.checks: deque = deque(maxlen=256)  # (seq, crc after it)
         self.monitor = Monitor.start(self) if self.size > 1 else None
+
+    def _rewrap(self, inner):
+        """A watchdog of its own around a part: the same timeout, abort and poll settings, its own
+        thread and side channel (a duplicate of the part), and the job's rank numbers for its reports."""
+        return self._rebuild(inner, world_ranks=inner.allgather_obj(self.world_ranks[self.rank]))
 
     # -- what this rank is doing (main thread) ------------------------------------------------
     def where(self, phase: str, step: int | None = None) -> None:

@@ -23,10 +23,19 @@ unchanged: every method of the seam is delegated here explicitly (a test checks 
 missing, so a method added to :class:`~mpi_sgd.comm.base.Communicator` must be added here too),
 and any other attribute (``comm`` of an MPI backend, ``device`` or ``group`` of a torch one) is
 looked up on the inner communicator.
+
+**Sub-communicators keep their wrappers.** :meth:`CommWrapper.split` splits the wrapped
+communicator and wraps the part with :meth:`CommWrapper._rewrap`, which by default builds the
+wrapper again with the arguments it was built with, the part in place of ``inner``: the example
+above needs nothing more, and its parts count bytes of their own. A wrapper overrides ``_rewrap``
+only where a part must not simply start afresh with the same arguments (the watchdog gives each
+part its own side channel and the job's rank numbers; fault injection shares one fault per
+process). A test builds every wrapper in the library, splits it, and compares.
 """
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
 from typing import Any
 
@@ -36,8 +45,39 @@ from ..base import ANY_SOURCE, ANY_TAG, Communicator, Request, Status
 class CommWrapper(Communicator):
     """Delegates the whole seam to ``inner``; subclasses override what their concern changes."""
 
+    def __new__(cls, *args, **kwargs):
+        # What the wrapper was built with, so that _rewrap can build it again around a part. Kept
+        # here rather than in __init__ so that no subclass has to remember to pass it on.
+        self = super().__new__(cls)
+        self._built_with = (args, kwargs)
+        return self
+
     def __init__(self, inner: Communicator):
         self.inner = inner
+
+    # -- sub-communicators ------------------------------------------------------------------
+    def split(self, color: int | None, key: int | None = None) -> Communicator | None:
+        part = self.inner.split(color, key)
+        return None if part is None else self._rewrap(part)
+
+    def split_type(self, kind: str = "node", key: int | None = None) -> Communicator:
+        return self._rewrap(self.inner.split_type(kind, key))
+
+    def _rewrap(self, inner: Communicator) -> Communicator:
+        """This wrapper around ``inner``, a part of the communicator it wraps, with the same settings.
+
+        Collective over the part (a wrapper may communicate while it is built, as the watchdog does).
+        """
+        return self._rebuild(inner)
+
+    def _rebuild(self, inner: Communicator, **changes) -> Communicator:
+        """Build this wrapper's class again with the arguments this one was built with, ``inner``
+        in place of the communicator it wraps, and any argument in ``changes`` replaced."""
+        args, kwargs = getattr(self, "_built_with", ((), {}))
+        bound = inspect.signature(type(self).__init__).bind(self, *args, **kwargs)
+        _, wrapped = list(bound.signature.parameters)[:2]  # (self, inner): inner by whatever name
+        bound.arguments.update({wrapped: inner, **changes})
+        return type(self)(*bound.args[1:], **bound.kwargs)
 
     # Rank and size are the inner communicator's, read through so a wrapper never goes stale.
     @property
