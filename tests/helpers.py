@@ -19,9 +19,13 @@ def rank_data(rank: int, n: int, dtype: str, small: bool = False) -> np.ndarray:
     return rng.integers(1, 3, n).astype(dtype) if small else rng.integers(-50, 50, n).astype(dtype)
 
 
-def reference(op: str, size: int, n: int, dtype: str) -> np.ndarray:
-    """The reduction over all ranks, computed in one process in float64 (or exact integers)."""
-    parts = np.stack([rank_data(r, n, dtype, small=op == "prod") for r in range(size)])
+def reference(op: str, size: int, n: int, dtype: str, ranks=None) -> np.ndarray:
+    """The reduction over all ranks, computed in one process in float64 (or exact integers).
+
+    ``ranks``: the reduction over the data of these ranks only (a sub-communicator's members, named
+    by the rank whose data each holds); ``size`` is then their number."""
+    ranks = range(size) if ranks is None else ranks
+    parts = np.stack([rank_data(r, n, dtype, small=op == "prod") for r in ranks])
     wide = parts.astype(np.float64) if parts.dtype.kind == "f" else parts
     return {
         "sum": lambda: wide.sum(0),
@@ -32,7 +36,7 @@ def reference(op: str, size: int, n: int, dtype: str) -> np.ndarray:
     }[op]()
 
 
-def tolerance(op: str, size: int, n: int, dtype: str) -> np.ndarray | float:
+def tolerance(op: str, size: int, n: int, dtype: str, ranks=None) -> np.ndarray | float:
     """Why this tolerance: MPI, gloo and the ring add the same numbers in different orders. Any
     order of summing ``size`` terms errs by at most (size-1)·u·Σ|x_r| (Higham, *Accuracy and
     Stability*, §4.2), u the unit roundoff of the dtype; avg divides that by size, products
@@ -40,7 +44,8 @@ def tolerance(op: str, size: int, n: int, dtype: str) -> np.ndarray | float:
     if np.dtype(dtype).kind != "f" or op in ("min", "max"):
         return 0.0
     u = np.finfo(dtype).eps
-    parts = np.stack([rank_data(r, n, dtype, small=op == "prod") for r in range(size)]).astype(np.float64)
+    ranks = range(size) if ranks is None else ranks
+    parts = np.stack([rank_data(r, n, dtype, small=op == "prod") for r in ranks]).astype(np.float64)
     # u·|result| covers rounding the exact float64 reference to the dtype itself.
     if op == "prod":
         mag = np.abs(parts).prod(0)
@@ -49,10 +54,10 @@ def tolerance(op: str, size: int, n: int, dtype: str) -> np.ndarray | float:
     return (size + 1) * u * mag
 
 
-def assert_close(got, op: str, size: int, n: int, dtype: str) -> None:
+def assert_close(got, op: str, size: int, n: int, dtype: str, ranks=None) -> None:
     got = np.asarray(got, dtype=np.float64 if np.dtype(dtype).kind == "f" else None).reshape(-1)
-    ref = reference(op, size, n, dtype)
-    tol = tolerance(op, size, n, dtype)
+    ref = reference(op, size, n, dtype, ranks)
+    tol = tolerance(op, size, n, dtype, ranks)
     err = np.abs(got - ref)
     bad = np.nonzero(err > tol)[0]
     assert bad.size == 0, (

@@ -33,6 +33,11 @@ class StagedComm(CommWrapper):
         super().__init__(inner)
         self.buffers = buffers or HostBuffers()
 
+    def _rewrap(self, inner):
+        part = self._rebuild(inner)
+        part.buffers = self.buffers  # one pool of (pinned) host memory per process, not one per part
+        return part
+
     def _in(self, buf):
         """(what the inner communicator gets, the host copy to bring back or None)."""
         if not _on_gpu(buf):
