@@ -118,11 +118,12 @@ def test_the_library_never_reaches_into_examples(path):
     )
 
 
-# Inside comm/, bottom to top: the errors; the seam and the helpers that turn tensors into memory;
-# the node-shared all-reduce; the backends (the mpi4py one uses shm/); the wrappers, which wrap any
-# communicator and so never name a backend; the face, init(), which picks and stacks them.
+# Inside comm/, bottom to top: the errors and the rule of a split, which the seam is built on; the
+# seam and the helpers that turn tensors into memory; the node-shared all-reduce; the backends (the
+# mpi4py one uses shm/); the wrappers, which wrap any communicator and so never name a backend; the
+# face, init(), which picks and stacks them.
 COMM_FLOORS = (
-    ("errors",),
+    ("errors", "split"),
     ("base", "buffers", "gpu"),
     ("shm",),
     ("backends",),
