@@ -65,3 +65,20 @@ def test_a_stalled_rank_in_a_row_is_named_and_ends_the_job(tmp_path):
     # report at 3 s, abort 3 s after the call began; the default timeout alone would be 60 s. The
     # rest is four interpreters starting and importing torch on a shared, loaded machine.
     assert took < 50, f"the job took {took:.0f} s to end"
+
+
+def fenced(text: str, after: str) -> str:
+    """The first fenced block of ``text`` after the line that contains ``after``."""
+    rest = text[text.index(after) :]
+    start = rest.index("```")
+    body = rest[rest.index("\n", start) + 1 :]
+    return body[: body.index("```")]
+
+
+def test_the_grid_example_of_the_docs_prints_what_they_say(tmp_path):
+    page = (ROOT / "docs" / "use" / "sub-communicators.md").read_text()
+    script = tmp_path / "grid_2x2.py"
+    script.write_text(fenced(page, "Save this as `grid_2x2.py`"))
+    out = run_mpi(4, str(script), env=ENV)
+    printed = sorted(line for line in out.stdout.splitlines() if line.startswith("rank "))
+    assert printed == sorted(fenced(page, "Each rank prints one line").splitlines())
