@@ -45,7 +45,7 @@ OPS = ("sum", "avg", "min", "max", "prod")
 ANY_SOURCE = -1
 ANY_TAG = -1
 
-__all__ = ["SPLIT_TYPES", "CollectiveMismatchError", "CommError"]  # defined in errors.py and split.py, part of the seam
+__all__ = ["SPLIT_TYPES", "CollectiveMismatchError", "CommError"]  # from errors.py and split.py: the seam's too
 
 
 class Status(NamedTuple):
