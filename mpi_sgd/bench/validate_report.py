@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from ..report import markdown_table
+from ..timing import slowest_after_warmup
 
 TARGETED = (1, 2)  # world sizes the accuracy target applies to; larger ones oversubscribe here
 TOLERANCE = 0.10
@@ -218,6 +219,5 @@ def step_seconds(metrics: dict) -> tuple[float, float]:
         [c + s for c, s in zip(comp, sync, strict=True)]
         for comp, sync in zip(metrics["t_comp"], metrics["t_sync"], strict=True)
     ]
-    slowest = [max(step) for step in zip(*per_rank, strict=True)]
-    kept = slowest[metrics["warmup_steps"] :] or slowest
+    kept = slowest_after_warmup(per_rank, metrics["warmup_steps"])
     return statistics.median(kept), statistics.fmean(kept)
