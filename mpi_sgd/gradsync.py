@@ -72,22 +72,23 @@ class GradSync(NonFiniteFlag):
 
     @contextlib.contextmanager
     def accumulate(self, last: bool = False):
-        """Wrap one micro-batch's backward; ``last=True`` on the final micro-batch of a step only.
+        """Wrap one micro-batch's backward; say ``last=True`` on the final micro-batch of a step.
 
         Inside ``accumulate(last=True)`` backward starts the all-reduces as gradients become
-        ready, overlapping the rest of backward. Everywhere else (other blocks, and a backward
-        outside any block) gradients only accumulate on this rank, and :meth:`wait` sends what was
-        not sent. So every spelling gives the average over all micro-batches of all ranks; saying
-        which block is the last only buys the overlap.
+        ready, overlapping the rest of backward. Everywhere else (the other blocks, and a backward
+        outside any block) gradients only accumulate on this rank, and :meth:`wait` sends what is
+        left. So every spelling averages all micro-batches of all ranks; naming the last buys the
+        overlap.
 
-        Why ``last`` defaults to False, the safe spelling: with True as the default, the natural
-        ``with sync.accumulate():`` around every micro-batch sent each one, and since the bucketed
-        sums carry the 1/R in the loss (:attr:`loss_scale`), a second send adds the first
-        micro-batch's average R times over: silently wrong (0.2 off the one-process result in a
-        small regression). DDP's ``no_sync()`` makes the other choice, sending by default, which is
-        safe there because its buckets hold averages: averaging an average again changes nothing.
-        The mistake left, ``last=True`` on a micro-batch that is not the last, cannot pass silently:
-        the next backward finds its bucket already sent and raises
+        Why ``last`` defaults to False: the safe spelling is the default one. With True as the
+        default, the natural ``with sync.accumulate():`` around every micro-batch sent every one,
+        and since the bucketed sums carry the 1/R in the loss (:attr:`loss_scale`), a second send
+        adds an earlier micro-batch's average R times over: a wrong step, and nothing to say so.
+        DDP's shape (``no_sync()`` around every micro-batch but the last) and a ``last`` with no
+        default would both turn that spelling, which scripts already use, into an error; this
+        default makes it right instead, at the price of the overlap, which one keyword buys back.
+        The mistake left, ``last=True`` on a micro-batch that is not the last, cannot pass
+        silently: the next backward finds its bucket sent already and raises
         :class:`~mpi_sgd.bucketorder.SentTwice`.
         """
         self._sending = last

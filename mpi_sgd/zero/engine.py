@@ -100,7 +100,9 @@ class ZeroEngine(GradSync):
     def accumulate(self, last: bool = False):
         """As :meth:`GradSync.accumulate`. Stages 2-3 reduce-scatter every micro-batch whatever
         ``last`` says, summing into the shard (memory stays at 1/R), and complete them as the block
-        ends, unless it is the ``last``, whose collectives :meth:`wait` completes."""
+        ends, unless it is the ``last``, whose collectives :meth:`wait` completes. So there each
+        micro-batch needs a block of its own: a second backward with none between would send its
+        units again, which raises :class:`~mpi_sgd.bucketorder.SentTwice`."""
         self._idle = False
         with super().accumulate(last):
             yield
