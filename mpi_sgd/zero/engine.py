@@ -136,7 +136,7 @@ class ZeroEngine(GradSync):
         requests = [(self.comm.iallgather(u.shard.clone(), u.slots()), u) for u in self.units]
         for request, u in requests:
             request.wait()
-            self._event(f"allgather {u.name}", t0)
+            self.record(f"allgather {u.name}", t0, time.perf_counter())
         self.seconds += time.perf_counter() - t0
         self._sample()
 
@@ -225,7 +225,7 @@ class ZeroEngine(GradSync):
             if recv is not u.grad_shard:
                 u.grad_shard += recv
             u.reduce = None
-            self._event(f"reduce_scatter {u.name}", started)
+            self.record(f"reduce_scatter {u.name}", started, time.perf_counter())
             if self.stage >= 2:
                 u.free_grad()
 
@@ -240,7 +240,7 @@ class ZeroEngine(GradSync):
             request, t0 = u.gather
             request.wait()
             u.gather = None
-            self._event(f"allgather {u.name}", t0)
+            self.record(f"allgather {u.name}", t0, time.perf_counter())
 
     def _free(self, u: Unit) -> None:
         if u.gather is not None:  # prefetched but never used: finish it before releasing its memory
@@ -268,10 +268,6 @@ class ZeroEngine(GradSync):
         self._sample()
 
     # -- measurement ------------------------------------------------------------------------
-    def _event(self, name: str, start: float) -> None:
-        if self.events is not None:
-            self.events.append((name, start, time.perf_counter() - start))
-
     def _sample(self) -> None:
         if self.memory is not None:
             self.memory.sample()
