@@ -17,8 +17,11 @@ from torch.nn import functional as F
 from mpi_sgd import comm as mpicomm
 from mpi_sgd import data, gradsync, zero
 from mpi_sgd.args import ArgumentParser, positive_int, positive_ints
+from mpi_sgd.config import TrainConfig
 from mpi_sgd.models import MLP
 from mpi_sgd.perfmodel import memory as memmodel
+from mpi_sgd.replicas import replicate
+from mpi_sgd.step import make_optimizer
 
 parser = ArgumentParser(description=__doc__)
 LAYERS = [256, 512, 512, 512, 512, 512, 512, 1]  # many equal layers: one layer's transient is a small part
@@ -38,21 +41,17 @@ dataset = data.toy_regression(R * B * args.steps, args.layers[0], seed=1).to(tor
 batches = data.rank_batches(len(dataset), comm.rank, R, B, epoch=0, seed=0)
 
 
-def make_optimizer(params):
-    if args.optimizer == "adam":
-        return torch.optim.Adam(params, lr=1e-3)
-    return torch.optim.SGD(params, lr=0.01, momentum=0.9)
+settings = TrainConfig(optimizer=args.optimizer, lr=1e-3 if args.optimizer == "adam" else 0.01, momentum=0.9)
 
 
 def train(stage: int):
     """``args.steps`` steps of plain data parallel (stage 0) or ZeRO ``stage``; returns the model and its memory."""
-    torch.manual_seed(0)  # the same initial model on every rank and for every stage
-    model = MLP(tuple(args.layers)).double()
-    gradsync.broadcast_parameters(model, comm)
+    # the same initial model on every rank and for every stage
+    model = replicate(lambda: MLP(tuple(args.layers)).double(), comm, seed=0)
     if stage == 0:
-        sync, optimizer = gradsync.make("bucketed", model, comm), make_optimizer(model.parameters())
+        sync, optimizer = gradsync.make("bucketed", model, comm), make_optimizer(settings, model)
     else:
-        sync, optimizer = zero.make(stage, model, comm, make_optimizer)
+        sync, optimizer = zero.make(stage, model, comm, lambda shards: make_optimizer(settings, shards))
     tracker = zero.track_memory(sync if stage else None, model, optimizer)
     for step in range(args.steps):
         if step == args.steps - 1:

@@ -28,6 +28,7 @@ from mpi_sgd.config import TrainConfig
 from mpi_sgd.launch import pin_threads, placement
 from mpi_sgd.models import build_model
 from mpi_sgd.paramserver import AsyncConfig
+from mpi_sgd.replicas import replicate
 from mpi_sgd.trainer import Trainer, make_optimizer
 
 parser = ArgumentParser(description=__doc__)
@@ -58,11 +59,9 @@ dataset = dataset.to(dtype)
 
 def fresh_model():
     """The same initial model for both runs; dropout then draws a different stream on each rank."""
-    torch.manual_seed(cfg.seed)
-    model = build_model(cfg.model, tuple(dataset.x.shape[1:]), dataset.num_outputs).to(dtype=dtype)
-    gradsync.broadcast_parameters(model, comm)
-    torch.manual_seed(cfg.seed + comm.rank)
-    return model
+    return replicate(
+        lambda: build_model(cfg.model, tuple(dataset.x.shape[1:]), dataset.num_outputs).to(dtype=dtype), comm, cfg.seed
+    )
 
 
 # 1. Synchronous SGD on all R ranks: every step, R gradients averaged, one update.

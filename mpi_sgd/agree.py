@@ -24,6 +24,7 @@ from dataclasses import asdict
 import torch
 
 from .launch import JobError, process_id
+from .report import ranks_text
 
 # Flags that may differ between ranks: which GPU a rank uses, and whether it draws a progress bar.
 LOCAL_FIELDS = ("progress",)
@@ -76,7 +77,7 @@ def compare(everyone: list[dict[str, str]]) -> list[str]:
         for rank, fields in enumerate(everyone):
             by_value.setdefault(fields.get(key, "(absent)"), []).append(rank)
         if len(by_value) > 1:
-            parts = [f"{_short(v)} on {_ranks(r)}" for v, r in by_value.items()]
+            parts = [f"{_short(v)} on {ranks_text(r)}" for v, r in by_value.items()]
             problems.append(f"{key}: {'; '.join(parts)}")
     return problems
 
@@ -127,13 +128,9 @@ def check_replicas(comm, model, step: int) -> None:
     everyone = comm.allgather_obj(c)  # only on the way out: name the ranks
     odd = [r for r, v in enumerate(everyone) if v != everyone[0]]
     raise ReplicasDiverged(
-        f"replicas diverged by step {step}: the parameters of {_ranks(odd)} differ from rank 0's "
+        f"replicas diverged by step {step}: the parameters of {ranks_text(odd)} differ from rank 0's "
         "(bitwise checksum); every rank must apply the same update to the same parameters"
     )
-
-
-def _ranks(ranks: list[int]) -> str:
-    return f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"
 
 
 def _short(value: str, limit: int = 60) -> str:

@@ -3,8 +3,8 @@
 :class:`NonFiniteFlag` is the part of every gradient strategy (:class:`mpi_sgd.gradsync.GradSync`)
 that decides whether a step may be applied. Each buffer a strategy sends passes :meth:`outgoing`
 first; :meth:`finite` reads the verdict after the collective, the same on every rank. The slow
-path after a bad step (:attr:`local_finite`, :meth:`reduced_has_nan`) tells a rank's own
-non-finite gradients from a sum corrupted in transit or overflowed.
+path after a bad step (:attr:`local_finite`, :meth:`reduced_has_nan`, gathered by :func:`diagnose`)
+tells a rank's own non-finite gradients from a sum corrupted in transit or overflowed.
 """
 
 from __future__ import annotations
@@ -12,6 +12,8 @@ from __future__ import annotations
 import math
 
 import torch
+
+from .report import ranks_text
 
 
 class NonFiniteFlag:
@@ -111,6 +113,45 @@ class NonFiniteFlag:
         elements. A sum of finite numbers that overflows gives ±inf, not NaN; so when every rank's
         own gradients were finite, NaN there means the data was corrupted on the way."""
         return any(bool(torch.isnan(b.view(-1)[1:]).any()) for b in self._reduced)
+
+
+def diagnose(comm, flag: NonFiniteFlag, loss: float, where: str) -> str:
+    """After a step that :meth:`NonFiniteFlag.finite` rejected, on every rank (a collective): one line
+    that says what went wrong ``where`` (e.g. "in step 7 (epoch 0)").
+
+    Only on this rare path, each rank reports its loss, whether its own gradients were finite
+    before they were sent, whether the reduced sum holds NaN, and what a fault-injecting wrapper
+    did (a communicator's ``tampered``); :func:`describe` names the culprits from those reports.
+    """
+    mine = (loss, flag.local_finite, flag.reduced_has_nan(), getattr(comm, "tampered", None))
+    return describe(comm.allgather_obj(mine), where)
+
+
+def describe(everyone: list[tuple], where: str) -> str:
+    """The ranks whose loss, then whose gradient, was not finite; else how the sum went bad.
+
+    ``everyone[r]`` is rank r's ``(loss, own gradients finite, reduced sum holds NaN, tampered)``.
+    A sum of finite numbers that overflows gives ±inf, never NaN: so NaN in the sum when every
+    rank sent finite gradients means the data was corrupted on the way, and inf means the sum
+    was too large to represent.
+    """
+    bad_loss = [r for r, (v, *_) in enumerate(everyone) if not math.isfinite(v)]
+    bad_grad = [r for r, (v, ok, *_) in enumerate(everyone) if math.isfinite(v) and not ok]
+    tampered = [(r, t) for r, (*_, t) in enumerate(everyone) if t]
+    if bad_loss:
+        return f"loss {everyone[bad_loss[0]][0]} {where} on {ranks_text(bad_loss)}"
+    if bad_grad:
+        return f"non-finite gradient {where} on {ranks_text(bad_grad)} (loss finite there)"
+    own = "every rank's own gradient was finite before sending"
+    if tampered:
+        by = "; ".join(f"rank {r} ({t})" for r, t in tampered)
+        return f"non-finite gradient {where}: corrupted in transit by {by}; {own}"
+    if everyone[0][2]:
+        return (
+            f"non-finite gradient {where}: the sum holds NaN though {own}: corrupted in transit (finite "
+            "numbers overflow to inf, not NaN), and a sum cannot tell whose contribution was bad"
+        )
+    return f"non-finite gradient {where}: the sum overflowed to inf though {own} (too large to add up)"
 
 
 def _first(t: torch.Tensor) -> float:

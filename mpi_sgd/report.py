@@ -35,6 +35,11 @@ def parse_bytes(text: str) -> int:
     return int(value * scale)
 
 
+def ranks_text(ranks: Sequence[int]) -> str:
+    """'rank 2', 'ranks 0, 3': the ranks a message is about."""
+    return f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"
+
+
 def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     cells = [[str(h) for h in headers]] + [[_fmt(v) for v in row] for row in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]

@@ -1,12 +1,14 @@
-"""One training step on this rank: the step the trainer runs and every benchmark times.
+"""One training step on this rank: the step the trainer runs and every benchmark times; and its optimizer.
 
 Kept apart from the :class:`~mpi_sgd.trainer.Trainer` loop so that benchmarks, calibration and
 pipelines time exactly this code without the loop's bookkeeping (epochs, checkpoints, metrics).
+:func:`evaluate` scores a model with the same loss, for the held-out set.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -23,7 +25,11 @@ class TrainingDiverged(JobError):
 
 
 def make_optimizer(cfg: TrainConfig, model) -> torch.optim.Optimizer:
-    """``cfg``'s optimizer over a model's parameters, or over a list of tensors (a sharded optimizer's shards)."""
+    """``cfg``'s optimizer over a model's parameters, or over a list of tensors (a sharded optimizer's shards).
+
+    ``cfg.optimizer`` ``sgd`` (with ``cfg.momentum``) or ``adam``, at ``cfg.lr``: the trainer's, and
+    every benchmark's and example's, which pass a :class:`TrainConfig` of the settings they want.
+    """
     params = model.parameters() if isinstance(model, torch.nn.Module) else model
     if cfg.optimizer == "adam":
         return torch.optim.Adam(params, lr=cfg.lr)
@@ -52,6 +58,7 @@ def train_step(
     y: torch.Tensor,
     grad_accum: int = 1,
     amp: MixedPrecision | None = None,
+    hook: Callable[[str], None] | None = None,
 ) -> Step:
     """One optimizer step on this rank's batch: the step the trainer runs and every benchmark times.
 
@@ -63,10 +70,13 @@ def train_step(
 
     A non-finite loss or gradient on any rank (see :meth:`GradSync.outgoing`) makes every rank
     return ``finite=False`` for the same step, with the optimizer not stepped: no rank trains on it.
+
+    ``hook``, if given, is called with ``"averaged"`` once the gradients are averaged, before the
+    optimizer step, and with ``"updated"`` after it: where ``bench zero`` samples memory and times
+    the update, on this very step rather than a copy of it.
     """
     amp = amp or MixedPrecision("none", x.device.type)
-    classification = not y.dtype.is_floating_point
-    loss_fn = F.cross_entropy if classification else F.mse_loss
+    classification, loss_fn = _loss_for(y)
     start = time.perf_counter()
     sync.seconds = 0.0
     sync.zero_grad()
@@ -92,6 +102,8 @@ def train_step(
                 stats[1] += (out.argmax(1) == ym).sum()
             stats[2] += len(ym)
     sync.wait()
+    if hook is not None:
+        hook("averaged")
     sync.where("optimizer")
     t0 = time.perf_counter()
     finite = sync.finite()
@@ -99,4 +111,31 @@ def train_step(
         amp.step(optimizer)  # with fp16's scaler: skipped on every rank alike if a gradient overflowed
     end = time.perf_counter()
     sync.record("optimizer", t0, end)
+    if hook is not None:
+        hook("updated")
     return Step(end - start - sync.seconds, sync.seconds, stats, finite)
+
+
+def _loss_for(y: torch.Tensor):
+    """(classification?, loss): cross-entropy for class indices, mean squared error for float targets."""
+    classification = not y.dtype.is_floating_point
+    return classification, F.cross_entropy if classification else F.mse_loss
+
+
+@torch.no_grad()
+def evaluate(model, x: torch.Tensor, y: torch.Tensor, chunk: int = 1024) -> torch.Tensor:
+    """float64 (loss summed over samples, correct predictions, samples) of ``model`` on ``x``, ``y``,
+    dropout off, ``chunk`` samples at a time: the training step's loss and accuracy, on other data."""
+    classification, loss_fn = _loss_for(y)
+    stats = torch.zeros(3, dtype=torch.float64, device=x.device)
+    training = model.training
+    model.eval()
+    for i in range(0, len(x), chunk):
+        xc, yc = x[i : i + chunk], y[i : i + chunk]
+        out = model(xc)
+        stats[0] += loss_fn(out, yc).double() * len(yc)  # the mean, times samples
+        if classification:
+            stats[1] += (out.argmax(1) == yc).sum()
+        stats[2] += len(yc)
+    model.train(training)
+    return stats

@@ -21,7 +21,7 @@ common barrier (each rank passes its own reading).
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from .comm import Communicator
@@ -37,6 +37,13 @@ OSU_LARGE_MESSAGE = 8192
 def osu_iterations(nbytes: int) -> tuple[int, int]:
     """(iterations, warm-up) for a message of ``nbytes``, as OSU picks them."""
     return (1000, 100) if nbytes <= OSU_LARGE_MESSAGE else (100, 10)
+
+
+def slowest_after_warmup(per_rank: Sequence[Sequence[float]], warmup: int = WARMUP_STEPS) -> list[float]:
+    """Per step, the slowest rank's figure (it sets the pace of synchronous SGD), the first ``warmup``
+    steps left out unless nothing else is left. ``per_rank[r][i]``: rank r's figure for step i."""
+    slowest = [max(step) for step in zip(*per_rank, strict=True)]
+    return slowest[warmup:] or slowest
 
 
 @dataclass(frozen=True)

@@ -15,31 +15,33 @@ After each epoch the model is scored on the held-out ``val`` set (dropout off): 
 an even share of it, and the sums travel in the same small all-reduce as the epoch's training
 loss, so validation costs no extra message.
 
-A little over 300 lines, kept as one class: the loop, its checkpoints (save, resume) and its
-measurements all read and write the same per-run state (step, epoch, RNG, timings, history).
+The loop and its measurements live here; what a checkpoint holds and how a run resumes from it
+is :mod:`mpi_sgd.checkpoint.trainer_state`, and what a non-finite step is blamed on is
+:func:`mpi_sgd.nonfinite.diagnose`.
 """
 
 from __future__ import annotations
 
-import math
 import statistics
 import sys
 import time
 from dataclasses import asdict
 
 import torch
-from torch.nn import functional as F
 from tqdm import tqdm
 
-from . import agree, checkpoint, data, gradsync, zero
+from . import agree, data, gradsync, zero
 from .amp import MixedPrecision
+from .checkpoint import CheckpointError, Progress, resume, save_training
 from .comm import split_counts
 from .config import TrainConfig
 from .gradsync import GradSync
 from .launch import processes_line
 from .models import build_model
-from .step import Step, TrainingDiverged, make_optimizer, train_step
-from .timing import WARMUP_STEPS, chrome_trace
+from .nonfinite import diagnose
+from .replicas import replicate
+from .step import Step, TrainingDiverged, evaluate, make_optimizer, train_step
+from .timing import WARMUP_STEPS, chrome_trace, slowest_after_warmup
 
 __all__ = ["MAX_SKIPS_IN_A_ROW", "Step", "Trainer", "TrainingDiverged", "make_optimizer", "train_step"]
 
@@ -49,7 +51,7 @@ MAX_SKIPS_IN_A_ROW = 10  # --on-nonfinite skip: this many non-finite steps in a 
 class Trainer:
     """Synchronous SGD on ``comm``: ``train()`` runs epochs of :func:`train_step`.
 
-    ``model`` must start identical on every rank (see :func:`mpi_sgd.gradsync.broadcast_parameters`)
+    ``model`` must start identical on every rank (see :func:`mpi_sgd.replicas.replicate`)
     and ``sync`` be the gradient strategy built for it; the trainer zeroes gradients through
     ``sync``, since flat and bucketed gradients are views that ``optimizer.zero_grad()`` would drop.
     :meth:`from_config` builds all of that from a :class:`TrainConfig`. ``val``, if given, is
@@ -68,7 +70,6 @@ class Trainer:
     ):
         self.model, self.optimizer, self.sync, self.comm, self.cfg = model, optimizer, sync, comm, cfg
         self.dataset, self.val = dataset, val
-        self.loss_fn = F.cross_entropy if dataset.classification else F.mse_loss
         self.steps_per_epoch = data.check_size(len(dataset), comm.size, cfg.batch_size)
         self.epoch = self.step_in_epoch = self.step = 0
         self.skipped = 0  # steps left out by --on-nonfinite skip
@@ -92,14 +93,17 @@ class Trainer:
         their configurations and data (:func:`mpi_sgd.agree.check_start`), and then their gradient
         buckets (:func:`mpi_sgd.agree.check_layout`).
         """
-        torch.manual_seed(cfg.seed)
-        model = build_model(cfg.model, tuple(dataset.x.shape[1:]), dataset.num_outputs)
-        model = model.to(dataset.x.device, dataset.x.dtype)
-        processes = agree.check_start(comm, cfg, dataset, val)
-        if comm.is_root:  # flushed now: a rank killed later takes unflushed output with it
-            print(processes_line(processes), flush=True)
-        gradsync.broadcast_parameters(model, comm)
-        torch.manual_seed(cfg.seed + comm.rank)
+
+        def build():
+            model = build_model(cfg.model, tuple(dataset.x.shape[1:]), dataset.num_outputs)
+            return model.to(dataset.x.device, dataset.x.dtype)
+
+        def check():
+            processes = agree.check_start(comm, cfg, dataset, val)
+            if comm.is_root:  # flushed now: a rank killed later takes unflushed output with it
+                print(processes_line(processes), flush=True)
+
+        model = replicate(build, comm, cfg.seed, check)
         events = [] if cfg.timeline else None
         if cfg.zero:  # sharded data parallel: the optimizer steps on this rank's shards only
             sync, optimizer = zero.make(cfg.zero, model, comm, lambda shards: make_optimizer(cfg, shards), events)
@@ -177,30 +181,7 @@ class Trainer:
         gradient was not finite, then stop (raise :class:`TrainingDiverged` on every rank alike) or,
         with ``--on-nonfinite skip``, go on without that step."""
         loss = stats[0].item() / max(stats[2].item(), 1)
-        # Only on this rare path: each rank's loss, whether its own gradients were finite before they
-        # were sent, whether the reduced sum holds NaN, and what a fault-injecting wrapper did.
-        mine = (loss, self.sync.local_finite, self.sync.reduced_has_nan(), getattr(self.comm, "tampered", None))
-        everyone = self.comm.allgather_obj(mine)
-        where = f"in step {self.step + 1} (epoch {self.epoch})"
-        bad_loss = [r for r, (v, *_) in enumerate(everyone) if not math.isfinite(v)]
-        bad_grad = [r for r, (v, ok, *_) in enumerate(everyone) if math.isfinite(v) and not ok]
-        tampered = [(r, t) for r, (*_, t) in enumerate(everyone) if t]
-        if bad_loss:
-            what = f"loss {everyone[bad_loss[0]][0]} {where} on {_ranks(bad_loss)}"
-        elif bad_grad:
-            what = f"non-finite gradient {where} on {_ranks(bad_grad)} (loss finite there)"
-        else:
-            own = "every rank's own gradient was finite before sending"
-            if tampered:
-                what = f"non-finite gradient {where}: corrupted in transit by "
-                what += "; ".join(f"rank {r} ({t})" for r, t in tampered) + f"; {own}"
-            elif everyone[0][2]:
-                what = (
-                    f"non-finite gradient {where}: the sum holds NaN though {own}: corrupted in transit (finite "
-                    "numbers overflow to inf, not NaN), and a sum cannot tell whose contribution was bad"
-                )
-            else:
-                what = f"non-finite gradient {where}: the sum overflowed to inf though {own} (too large to add up)"
+        what = diagnose(self.comm, self.sync, loss, f"in step {self.step + 1} (epoch {self.epoch})")
         # Skipping helps with a bad batch; not once the parameters themselves are the cause (then
         # every later step fails as well, since skipped steps leave them as they are).
         self.skipped_in_a_row = self.skipped_in_a_row + 1 if self._last_skipped == self.step else 1
@@ -218,27 +199,14 @@ class Trainer:
             hint = f"; skipping cannot help: {self.skipped_in_a_row} steps in a row, or parameters not finite"
         raise TrainingDiverged(f"training diverged: {what}{hint}; try a lower --lr than {self.cfg.lr}")
 
-    @torch.no_grad()
-    def _evaluate(self, chunk: int = 1024) -> torch.Tensor:
+    def _evaluate(self) -> torch.Tensor:
         """(loss sum, correct, samples) of this rank's share of ``val``, dropout off; zeros without one."""
-        stats = torch.zeros(3, dtype=torch.float64, device=self.dataset.x.device)
         if self.val is None:
-            return stats
+            return torch.zeros(3, dtype=torch.float64, device=self.dataset.x.device)
         counts = split_counts(len(self.val), self.comm.size)
         start = sum(counts[: self.comm.rank])
-        end = start + counts[self.comm.rank]
-        training = self.model.training
-        self.model.eval()
-        for i in range(start, end, chunk):
-            j = min(i + chunk, end)
-            x, y = self.val.x[i:j], self.val.y[i:j]
-            out = self.model(x)
-            stats[0] += self.loss_fn(out, y).double() * len(y)  # the training loss's mean, times samples
-            if self.dataset.classification:
-                stats[1] += (out.argmax(1) == y).sum()
-            stats[2] += len(y)
-        self.model.train(training)
-        return stats
+        mine = slice(start, start + counts[self.comm.rank])
+        return evaluate(self.model, self.val.x[mine], self.val.y[mine])
 
     def _check_replicas(self) -> None:
         # ZeRO stage 3 holds no replica: each rank keeps its own shard of the parameters.
@@ -262,40 +230,8 @@ class Trainer:
 
     # -- checkpoints ------------------------------------------------------------------------
     def _save_checkpoint(self, directory: str) -> None:
-        # Every rank's RNG state (dropout masks differ per rank), so a resume is bit-exact; gathered
-        # as a tensor, one row per rank.
-        mine = torch.get_rng_state()
-        rng = torch.zeros(self.comm.size, mine.numel(), dtype=torch.uint8) if self.comm.is_root else None
-        self.comm.gather(mine, rng)
-        # A sharded optimizer (mpi_sgd.zero) gathers its shards into the unsharded format: a collective.
-        full_state = getattr(self.optimizer, "full_state_dict", None)
-        model_state, optimizer_state = (
-            full_state() if full_state else (self.model.state_dict(), self.optimizer.state_dict())
-        )
-        if not self.comm.is_root:
-            return
-        # The parameters are the same on every rank; a non-finite state must never replace the last
-        # good checkpoint (training stops before one, unless the optimizer itself overflowed).
-        if not all(torch.isfinite(t).all() for t in model_state.values() if t.is_floating_point()):
-            print(
-                f"warning: not saving a checkpoint at step {self.step}: the parameters are not finite; "
-                f"the last good checkpoint in {directory} stays",
-                file=sys.stderr,
-                flush=True,
-            )
-            return
-        state = {
-            "model": model_state,
-            "optimizer": optimizer_state,
-            "epoch": self.epoch,
-            "step_in_epoch": self.step_in_epoch,
-            "step": self.step,
-            "world_size": self.comm.size,
-            "rng": rng,
-            "amp": self.amp.state_dict(),
-        }
-        meta = {"step": self.step, "epoch": self.epoch, "world_size": self.comm.size, "config": asdict(self.cfg)}
-        checkpoint.save(checkpoint.serialize(state), meta, directory, self.step, self.cfg.keep_checkpoints)
+        progress = Progress(self.epoch, self.step_in_epoch, self.step)
+        save_training(directory, self.comm, self.model, self.optimizer, self.amp, self.cfg, progress)
 
     def load_checkpoint(self, path: str, auto: bool = False) -> str | None:
         """Resume from ``path``: a ``--checkpoint`` directory (its newest checkpoint), one ``step-N``
@@ -305,25 +241,14 @@ class Trainer:
         rank alike, for one that cannot be read or fails its checksum, one written for another
         model or optimizer, and one that leaves nothing to train within ``--epochs``/``--max-steps``.
         """
-        found = checkpoint.load(path, self.comm, auto=auto)
+        found = resume(path, self.comm, self.model, self.optimizer, self.amp, self.cfg, auto)
         if found is None:
             return None
-        state, meta, path = found
-        checkpoint.restore(state, self.model, self.optimizer, path, meta, asdict(self.cfg))
-        self.amp.load_state_dict(state.get("amp"))
-        self.epoch, self.step_in_epoch, self.step = state["epoch"], state["step_in_epoch"], state["step"]
-        if state["world_size"] == self.comm.size:
-            torch.set_rng_state(state["rng"][self.comm.rank].clone())
-        else:
-            # A different world size: training goes on correctly but not bit for bit. Each rank gets a
-            # fresh dropout stream, and an epoch cut at the old R*B cannot be continued at the new one,
-            # so an interrupted epoch is left and the next one starts.
-            torch.manual_seed(self.cfg.seed + self.comm.rank + 1_000_003 * self.step)
-            if self.step_in_epoch:
-                self.epoch, self.step_in_epoch = self.epoch + 1, 0
+        path, at = found
+        self.epoch, self.step_in_epoch, self.step = at.epoch, at.step_in_epoch, at.step
         if self.epoch >= self.cfg.epochs or self._done():
             limit = f"--epochs {self.cfg.epochs}" + (f" --max-steps {self.cfg.max_steps}" if self.cfg.max_steps else "")
-            raise checkpoint.CheckpointError(
+            raise CheckpointError(
                 f"checkpoint {path!r} is already at epoch {self.epoch}, step {self.step}: nothing is left to train "
                 f"with {limit}; raise {'them' if self.cfg.max_steps else 'it'} to train on"
             )
@@ -351,10 +276,7 @@ class Trainer:
         t_sync = [r[1] for r in per_rank]
         summary = {}
         for name, series in (("t_comp", t_comp), ("t_sync", t_sync)):
-            # per step, the slowest rank sets the pace; then the mean over steps after warm-up
-            slowest = [max(v) for v in zip(*series, strict=True)][WARMUP_STEPS:] or [
-                max(v) for v in zip(*series, strict=True)
-            ]
+            slowest = slowest_after_warmup(series, WARMUP_STEPS)
             summary[name] = statistics.fmean(slowest) if slowest else 0.0
         return {
             "skipped_steps": self.skipped,
@@ -379,7 +301,3 @@ class Trainer:
         ranks left a common barrier when the trainer was made.
         """
         return chrome_trace(self.comm, self.events or [], self._t0)
-
-
-def _ranks(ranks: list[int]) -> str:
-    return f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"

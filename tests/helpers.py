@@ -5,10 +5,16 @@ from __future__ import annotations
 import os
 
 import numpy as np
+import torch
 
+from mpi_sgd import data
+from mpi_sgd.config import TrainConfig
 from mpi_sgd.launch import placement
 
 DTYPES = ("float32", "float64", "int32", "int64")
+# The equivalence tests' runs (tests/mpi/test_sync_sgd.py, test_zero.py): samples per rank per
+# step, and optimizer steps.
+B, STEPS = 8, 6
 
 
 def rank_data(rank: int, n: int, dtype: str, small: bool = False) -> np.ndarray:
@@ -79,3 +85,40 @@ def standalone_env() -> dict[str, str]:
     """This environment without the enclosing MPI job's variables: a script started from a test
     then runs as a job of its own (rank 0 of 1), even under ``mpirun -n 2 pytest --with-mpi``."""
     return {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "OMPI_", "PMIX_", "HYDRA_"))}
+
+
+def train_config(**kw) -> TrainConfig:
+    """What the equivalence tests train: ffnet on float64 regression, STEPS steps of batch B per
+    rank, small buckets (several per step); ``kw`` changes what a test is about."""
+    base = dict(
+        model="ffnet",
+        dataset="toy",
+        batch_size=B,
+        lr=0.05,
+        momentum=0.9,
+        dtype="float64",
+        max_steps=STEPS,
+        epochs=100,
+        progress=False,
+        bucket_mb=0.02,
+        seed=3,
+    )
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+def regression_set(size: int) -> data.Dataset:
+    """3 global batches per epoch at ``size`` ranks, so STEPS steps cross an epoch boundary (a reshuffle)."""
+    return data.toy_regression(num_samples=3 * size * B + 5, input_size=12, seed=1).to(torch.float64)
+
+
+def flat_params(model) -> torch.Tensor:
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+
+
+def assert_same_on_every_rank(comm, t: torch.Tensor) -> None:
+    everyone = torch.zeros(comm.size, t.numel(), dtype=t.dtype)
+    comm.allgather(t.contiguous(), everyone)
+    for r in range(comm.size):
+        # Every rank applies the same update to the same averaged gradient: bit-identical.
+        assert torch.equal(everyone[r], everyone[0]), f"rank {r} drifted from rank 0"

@@ -58,9 +58,11 @@ def _flat(model) -> torch.Tensor:
 
 def run_sync(comm, model, dataset, lr, batch, evaluations, straggler_ms, seed) -> dict:
     from .. import data, gradsync
-    from ..trainer import train_step
+    from ..config import TrainConfig
+    from ..step import make_optimizer, train_step
 
-    optimizer, sync = torch.optim.SGD(model.parameters(), lr=lr), gradsync.make("bucketed", model, comm)
+    plain_sgd = TrainConfig(optimizer="sgd", lr=lr, momentum=0.0)  # what each parameter server applies
+    optimizer, sync = make_optimizer(plain_sgd, model), gradsync.make("bucketed", model, comm)
     steps, slow = evaluations // comm.size, straggler_ms / 1e3 if comm.rank == comm.size - 1 else 0.0
     every, kept = max(1, steps // SNAPSHOTS), [(0, 0.0, _flat(model))]
     comm.barrier()
@@ -105,6 +107,7 @@ def job(args) -> int:
     from .. import data
     from ..models import build_model
     from ..paramserver import mean_loss
+    from ..replicas import replicate
 
     name = args.scenarios[0]
     model_name, batch, evaluations, _, slowed = SCENARIOS[name]
@@ -115,9 +118,9 @@ def job(args) -> int:
     runs = {"sync": [], "async": []}
     for r in range(args.rounds):
         for mode in ("sync", "async") if r % 2 == 0 else ("async", "sync"):
-            torch.manual_seed(args.seed)
-            model = build_model(model_name, tuple(dataset.x.shape[1:]), dataset.num_outputs)
-            torch.manual_seed(args.seed + comm.rank)  # dropout: its own stream on every rank
+            model = replicate(
+                lambda: build_model(model_name, tuple(dataset.x.shape[1:]), dataset.num_outputs), comm, args.seed
+            )
             fn = run_sync if mode == "sync" else run_async
             run = fn(comm, model, dataset, args.lr, batch, evaluations, args.straggler_ms if slowed else 0.0, args.seed)
             if comm.is_root:  # the loss curve, computed now that the clock has stopped

@@ -49,16 +49,17 @@ def train_seconds(layers: int, width: int, samples: int, batch: int, epochs: int
     """Median wall seconds to train one freshly built model for ``epochs``; and its parameter count."""
     import torch
 
+    from ..config import TrainConfig
     from ..gradsync import LocalGradients
     from ..models import FFNet
-    from ..trainer import train_step
+    from ..step import make_optimizer, train_step
 
     torch.manual_seed(0)
     x, y = torch.randn(samples, INPUTS), torch.randn(samples, 1)
     times = []
     for rep in range(repeats + 1):
         model = FFNet(INPUTS, num_hl=layers, hl_size=width, num_outputs=1)
-        opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+        opt = make_optimizer(TrainConfig(optimizer="sgd", lr=1e-3, momentum=0.9), model)
         sync = LocalGradients(model)  # one process: nothing to average
         # Run 0 is a warm-up of a few steps: the first calls pay for allocator and kernel set-up.
         steps = range(0, min(samples, WARMUP_STEPS * batch), batch) if rep == 0 else range(0, samples, batch)

@@ -45,13 +45,16 @@ import torch
 from torch.nn import functional as F
 
 from ..args import choices_list, positive_int, positive_ints
+from ..config import TrainConfig
 from ..gradsync import LocalGradients
 from ..models import MLP
 from ..pipeline import SCHEDULES, SPLITS, PipelineStage, cut, ideal_bubble, peak_in_flight, simulate
 from ..pipeline.schedule import bubble
 from ..report import add_output_arguments, markdown_table, new_figure, save_results, write_json
+from ..step import make_optimizer, train_step
 from ..timing import time_interleaved
-from ..trainer import train_step
+
+OPTIMIZER = TrainConfig(optimizer="sgd", lr=1e-3, momentum=0.9)  # the pipeline's and the unsplit model's
 
 
 def _model(args) -> MLP:
@@ -67,7 +70,7 @@ def _data(args):
 def _pipeline_step(comm, args, schedule: str, m: int, x, y, **kw):
     module, bounds = cut(_model(args), comm, args.split, sample=x[: max(1, len(x) // m)])
     stage = PipelineStage(comm, module, F.cross_entropy, schedule, m, **kw)
-    opt = torch.optim.SGD(module.parameters(), lr=1e-3, momentum=0.9)
+    opt = make_optimizer(OPTIMIZER, module)
 
     def step():
         stage.forward_backward(x, y)
@@ -79,7 +82,7 @@ def _pipeline_step(comm, args, schedule: str, m: int, x, y, **kw):
 def _unsplit_step(args, x, y):
     """The whole model's step in this process: the trainer's own step, with nothing averaged."""
     model = _model(args)
-    opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+    opt = make_optimizer(OPTIMIZER, model)
     sync = LocalGradients(model)
     return lambda: train_step(model, opt, sync, x, y)
 

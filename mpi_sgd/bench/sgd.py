@@ -39,13 +39,14 @@ clock read after ``torch.cuda.synchronize()``. On one GPU, ``mpiexec -n 1 mpi-sg
 --device cuda --backend nccl --variants local,bucketed`` puts the trainer's step over NCCL beside
 the same step with no communication: what world size 1 costs on top of a plain torch loop.
 
-A little over 300 lines: one benchmark, whose variants, table, targets and plot all read the same
-rows; the parts are each short.
+The variants are data (:data:`TABLE`, one :class:`Variant` each); the table, the plot and the
+verdicts are :mod:`.sgd_report`'s.
 """
 
 from __future__ import annotations
 
-import numpy as np
+from dataclasses import dataclass
+
 import torch
 
 from .. import gradsync
@@ -53,19 +54,56 @@ from ..args import positive_floats
 from ..comm import BACKENDS
 from ..comm.buffers import zeros
 from ..comm.wrappers.watchdog import without_watchdog
+from ..config import TrainConfig
 from ..launch import placement
 from ..models import BENCHMARK_MLP, build_model
-from ..report import add_output_arguments, markdown_table, new_figure, save_results
+from ..replicas import replicate
+from ..report import add_output_arguments, save_results
+from ..step import make_optimizer, train_step
 from ..timing import WARMUP_STEPS, time_interleaved
-from ..trainer import train_step
+from .sgd_report import add_ratios, plot, spread, table, targets, verdicts, watchdog_costs
 
 MODELS = ("mlp", "simplenet")  # --model names, built for 784 features and 10 classes
 FEATURES, CLASSES = BENCHMARK_MLP[0], BENCHMARK_MLP[-1]
-DDP_BACKENDS = {"ddp-gloo": "gloo", "ddp-mpi4py": "torch-mpi4py"}  # variant -> the seam's torch backend
-VARIANTS = ("local", *gradsync.STRATEGIES, "bucketed-mpi", *DDP_BACKENDS, "comm-only")
-SHARED_TARGET = 1.10  # a step with shared buckets at most this much slower than one with no communication
-NO_WATCHDOG = "bucketed-no-watchdog"  # bucketed without the stall watchdog
-OPTIONAL = ("unchecked", NO_WATCHDOG)  # timed only when asked for
+OPTIMIZER = TrainConfig(optimizer="sgd", lr=0.01, momentum=0.9)  # every variant's
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One way to run the step: which averaging, and the one thing that differs from its plain form."""
+
+    name: str
+    strategy: str | None = None  # a gradsync strategy; None: the strategy averages nothing (local, DDP)
+    shared: bool | None = None  # buckets in node-shared memory when the communicator offers it, or never (False)
+    checked: bool = True  # the non-finite check of every sent buffer (GradSync.outgoing)
+    watchdog: bool = True  # on the communicator inside the stall watchdog, as every job runs
+    ddp: str | None = None  # DistributedDataParallel over the seam's torch backend of this name
+    comm_only: bool = False  # no training: one all-reduce as large as all the gradients
+    sweeps: bool = False  # timed once per --bucket-mb
+    optional: bool = False  # timed only when named in --variants
+
+    @property
+    def shared_buckets(self) -> bool:
+        """The plain flat or bucketed step with its buckets where the communicator shares memory."""
+        plain = self.shared is None and self.checked and self.watchdog
+        return self.strategy in ("flat", "bucketed") and plain
+
+
+TABLE = {
+    v.name: v
+    for v in (
+        Variant("local"),
+        *(Variant(s, s, sweeps=s == "bucketed") for s in gradsync.STRATEGIES),
+        Variant("bucketed-mpi", "bucketed", shared=False, sweeps=True),
+        Variant("ddp-gloo", ddp="gloo"),
+        Variant("ddp-mpi4py", ddp="torch-mpi4py"),
+        Variant("comm-only", comm_only=True),
+        Variant("unchecked", "bucketed", checked=False, optional=True),
+        Variant("bucketed-no-watchdog", "bucketed", watchdog=False, sweeps=True, optional=True),
+    )
+}
+VARIANTS = tuple(n for n, v in TABLE.items() if not v.optional)  # the default --variants
+OPTIONAL = tuple(n for n, v in TABLE.items() if v.optional)
 
 
 def _step_fn(model, optimizer, sync, x, y, record, blocked: bool):
@@ -80,70 +118,16 @@ def _step_fn(model, optimizer, sync, x, y, record, blocked: bool):
     return step
 
 
-def watchdog_costs(rows) -> list[str]:
-    """'simplenet: bucketed / bucketed-no-watchdog = 1.004x per step' for each model (and bucket size)."""
-    out = []
-    for r in rows:
-        bare = (
-            next(
-                (
-                    b
-                    for b in rows
-                    if b["model"] == r["model"] and b["variant"] == r["variant"].replace("bucketed", NO_WATCHDOG, 1)
-                ),
-                None,
-            )
-            if r["variant"].startswith("bucketed")
-            else None
-        )
-        if bare is not None and bare is not r:
-            out.append(
-                f"{r['model']}: {r['variant']} / {bare['variant']} = {r['step_s'] / bare['step_s']:.3f}x per step"
-            )
-    return out
-
-
-def _build(name: str, comm, seed: int, device=None):
-    torch.manual_seed(seed)
-    model = build_model(name, (FEATURES,), CLASSES).to(device or "cpu")
-    gradsync.broadcast_parameters(model, comm)
-    return model
-
-
 def variants(names, bucket_mbs) -> list[tuple[str, float | None]]:
-    """(variant, bucket MB) pairs: 'bucketed' once per bucket size, the others once."""
+    """(variant, bucket MB) pairs: each variant that sweeps once per bucket size, the others once."""
     out = []
     for v in names:
-        out += [(v, mb) for mb in bucket_mbs] if v.startswith("bucketed") else [(v, None)]
-    return out
-
-
-def verdicts(rows, comm) -> list[str]:
-    """The shared-bucket target, per model: the best step with shared buckets (flat or bucketed) within
-    SHARED_TARGET of the local one."""
-    out = []
-    for model in dict.fromkeys(r["model"] for r in rows):
-        mine = {r["variant"]: r["step_s"] for r in rows if r["model"] == model}
-        shared = [v for v in mine if v.split()[0] in ("flat", "bucketed")]
-        if "local" not in mine or not shared or comm.size < 2 or not comm.node_shared:
-            continue
-        best = min(shared, key=mine.get)
-        ratio = mine[best] / mine["local"]
-        ok = "met" if ratio <= SHARED_TARGET else "NOT met"
-        out.append(f"target {model}: step with shared buckets <= {SHARED_TARGET:g}x local: {ok} ({best}: {ratio:.3f}x)")
+        out += [(v, mb) for mb in bucket_mbs] if TABLE[v].sweeps else [(v, None)]
     return out
 
 
 def label(variant: str, mb: float | None, sweep: bool) -> str:
     return f"{variant} {mb:g}MB" if sweep and mb is not None else variant
-
-
-def _spread(samples) -> dict:
-    """Mean and standard deviation of per-step figures ([DDP-bench]'s avg/std columns)."""
-    a = np.asarray(samples, dtype=float)
-    if a.size == 0 or np.isnan(a).all():
-        return {"avg": float("nan"), "std": float("nan")}
-    return {"avg": float(a.mean()), "std": float(a.std(ddof=1)) if a.size > 1 else 0.0}
 
 
 def bench_model(comm, name: str, args, ddp_groups: dict | None = None, device=None) -> list[dict]:
@@ -154,30 +138,28 @@ def bench_model(comm, name: str, args, ddp_groups: dict | None = None, device=No
     x = torch.randn(args.batch_size, FEATURES, generator=g).to(device)
     y = torch.randint(CLASSES, (args.batch_size,), generator=g).to(device)
     sweep = len(args.bucket_mb) > 1
-    calls, records = {}, {}
+    calls, records, specs = {}, {}, {}  # specs: label -> (variant, bucket MB)
     for variant, mb in variants(args.variants, args.bucket_mb):
-        key = label(variant, mb, sweep)
-        model = _build(name, comm, args.seed, device)
-        torch.manual_seed(args.seed + comm.rank)  # dropout masks differ per rank
-        if variant == "comm-only":
+        key, spec = label(variant, mb, sweep), TABLE[variant]
+        specs[key] = (variant, mb)
+        model = replicate(lambda: build_model(name, (FEATURES,), CLASSES).to(device), comm, args.seed)
+        if spec.comm_only:
             grads = zeros(sum(p.numel() for p in model.parameters()), device=device)
             calls[key] = lambda grads=grads: comm.allreduce(grads, "sum")
             continue
-        # bucketed-mpi: bucketed in ordinary memory; unchecked: bucketed without the non-finite check;
-        # bucketed-no-watchdog: bucketed on the communicator inside the stall watchdog
-        strategy = "bucketed" if variant in OPTIONAL else variant.removesuffix("-mpi")
-        if strategy in gradsync.STRATEGIES:
-            shared = False if variant.endswith("-mpi") else None
-            on = without_watchdog(comm) if variant == NO_WATCHDOG else comm
-            sync = gradsync.make(strategy, model, on, mb if mb is not None else args.bucket_mb[0], shared=shared)
-            sync.check_finite = variant != "unchecked"
+        if spec.strategy is not None:
+            on = comm if spec.watchdog else without_watchdog(comm)
+            bucket_mb = mb if mb is not None else args.bucket_mb[0]
+            sync = gradsync.make(spec.strategy, model, on, bucket_mb, shared=spec.shared)
+            sync.check_finite = spec.checked
         else:  # local, or DDP, which averages inside backward on its own
-            if variant in DDP_BACKENDS:
+            if spec.ddp is not None:
                 model = DistributedDataParallel(model, process_group=ddp_groups[variant])
             sync = gradsync.LocalGradients(model)
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
         records[key] = []
-        calls[key] = _step_fn(model, optimizer, sync, x, y, records[key], strategy in gradsync.STRATEGIES)
+        calls[key] = _step_fn(
+            model, make_optimizer(OPTIMIZER, model), sync, x, y, records[key], spec.strategy is not None
+        )
     iterations = args.steps_per_round * args.rounds
     gpu = torch.cuda.synchronize if device.type == "cuda" else None  # kernels finish after the call returns
     times = time_interleaved(comm, calls, iterations=iterations, warmup=args.warmup, rounds=args.rounds, sync=gpu)
@@ -185,106 +167,29 @@ def bench_model(comm, name: str, args, ddp_groups: dict | None = None, device=No
     for key in calls:
         steps = records.get(key, [])[args.warmup :]  # what the warm-up ran is not timed
         mine = {
-            "step": _spread([t for t, _ in steps]),
-            "comm": _spread([c for _, c in steps]),
-            "comm_frac": _spread([c / t for t, c in steps]),
+            "step": spread([t for t, _ in steps]),
+            "comm": spread([c for _, c in steps]),
+            "comm_frac": spread([c / t for t, c in steps]),
         }
         # The slowest rank sets the pace of synchronous SGD; report its spread with its median.
         everyone = comm.allgather_obj(mine)
-        spread = max(everyone, key=lambda m: m["step"]["avg"]) if steps else mine
+        slowest = max(everyone, key=lambda m: m["step"]["avg"]) if steps else mine
         rows.append(
             {
                 "model": name,
                 "variant": key,
+                "name": specs[key][0],
+                "bucket_mb": specs[key][1],
                 "step_s": times[key].max,
                 "step_s_min_rank": times[key].min,
-                "step_std_s": spread["step"]["std"],
-                "comm_s": spread["comm"]["avg"],
-                "comm_std_s": spread["comm"]["std"],
-                "comm_frac": spread["comm_frac"]["avg"],
-                "comm_frac_std": spread["comm_frac"]["std"],
+                "step_std_s": slowest["step"]["std"],
+                "comm_s": slowest["comm"]["avg"],
+                "comm_std_s": slowest["comm"]["std"],
+                "comm_frac": slowest["comm_frac"]["avg"],
+                "comm_frac_std": slowest["comm_frac"]["std"],
             }
         )
-    ref = {r["variant"]: r["step_s"] for r in rows}
-    for r in rows:
-        r["vs_ddp"] = r["step_s"] / ref["ddp-gloo"] if "ddp-gloo" in ref else float("nan")
-        r["vs_local"] = r["step_s"] / ref["local"] if "local" in ref else float("nan")
-        r["exposed_s"] = r["step_s"] - ref["local"] if "local" in ref else float("nan")
-    return rows
-
-
-HEADERS = [
-    "model",
-    "variant",
-    "step ms",
-    "± std",
-    "comm ms",
-    "± std",
-    "comm frac",
-    "x DDP-gloo",
-    "x local",
-    "exposed ms",
-]
-EXPOSED_TARGET, STEP_TARGET = 0.35, 1.1  # ddp-mpi4py: exposed vs ddp-gloo's, step vs bucketed's
-
-
-def targets(rows) -> list[str]:
-    """ddp-mpi4py against its two targets, per model, where the run has what they need."""
-    lines = []
-    for model in dict.fromkeys(r["model"] for r in rows):
-        row = {r["variant"]: r for r in rows if r["model"] == model}
-        if not {"local", "bucketed", "ddp-gloo", "ddp-mpi4py"} <= row.keys():
-            continue
-        ours, gloo, bucketed = row["ddp-mpi4py"], row["ddp-gloo"], row["bucketed"]
-        exposed = ours["exposed_s"] / gloo["exposed_s"] if gloo["exposed_s"] > 0 else float("nan")
-        step = ours["step_s"] / bucketed["step_s"]
-        lines.append(
-            f"{model}: ddp-mpi4py exposes {1e3 * ours['exposed_s']:.2f} ms of communication, ddp-gloo "
-            f"{1e3 * gloo['exposed_s']:.2f} ms: {exposed:.2f}x (target <= {EXPOSED_TARGET}x: "
-            f"{'met' if exposed <= EXPOSED_TARGET else 'NOT met'}); ddp-mpi4py step {1e3 * ours['step_s']:.2f} ms, "
-            f"bucketed {1e3 * bucketed['step_s']:.2f} ms: {step:.2f}x (target <= {STEP_TARGET}x: "
-            f"{'met' if step <= STEP_TARGET else 'NOT met'})"
-        )
-    return lines
-
-
-def table(rows) -> str:
-    return markdown_table(
-        HEADERS,
-        [
-            [
-                r["model"],
-                r["variant"],
-                1e3 * r["step_s"],
-                1e3 * r["step_std_s"],
-                1e3 * r["comm_s"],
-                1e3 * r["comm_std_s"],
-                r["comm_frac"],
-                r["vs_ddp"],
-                r["vs_local"],
-                1e3 * r["exposed_s"],
-            ]
-            for r in rows
-        ],
-    )
-
-
-def plot(rows, path) -> None:
-    """Step time per variant, the part blocked in communication stacked at the bottom."""
-    fig, axes = new_figure(1, len({r["model"] for r in rows}), figsize=(11, 4), squeeze=False)
-    for ax, model in zip(axes[0], dict.fromkeys(r["model"] for r in rows), strict=False):
-        mine = [r for r in rows if r["model"] == model and r["variant"] != "comm-only"]
-        names = [r["variant"] for r in mine]
-        step = [1e3 * r["step_s"] for r in mine]
-        comm = [0.0 if r["comm_s"] != r["comm_s"] else 1e3 * r["comm_s"] for r in mine]
-        ax.bar(names, step, color="tab:blue", label="step")
-        ax.bar(names, comm, color="tab:orange", label="blocked in communication")
-        ax.set_title(model)
-        ax.set_ylabel("ms per step")
-        ax.tick_params(axis="x", rotation=45)
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    return add_ratios(rows)
 
 
 def main(comm, args) -> int:
@@ -296,7 +201,7 @@ def main(comm, args) -> int:
     device = local_device(args.device, comm.local_rank, comm.local_size)
     # Each DDP runs on its own communicator's group, passed explicitly (the first one made also
     # sets up torch's default group; the next gets a new group of its own backend).
-    ddp_groups = {v: TorchDistComm(b, comm).group for v, b in DDP_BACKENDS.items() if v in args.variants}
+    ddp_groups = {v: TorchDistComm(TABLE[v].ddp, comm).group for v in args.variants if TABLE[v].ddp}
     rows = []
     for name in args.models:
         rows += bench_model(comm, name, args, ddp_groups, device)
@@ -309,10 +214,12 @@ def main(comm, args) -> int:
             "gradient communication\n"
         )
         print(table(rows))
-        lines = verdicts(rows, comm) + targets(rows)
+        shared = [n for n, v in TABLE.items() if v.shared_buckets]
+        lines = verdicts(rows, comm, shared) + targets(rows)
         if lines:
             print("\n" + "\n".join(lines))
-        for line in watchdog_costs(rows):
+        watched = {n: v.strategy for n, v in TABLE.items() if not v.watchdog}
+        for line in watchdog_costs(rows, watched):
             print(f"watchdog: {line}")
         payload = {
             "world_size": comm.size,
@@ -378,13 +285,11 @@ def _run(args) -> int:
         args.parser.error(f"unknown model(s)/variant(s): {', '.join(bad)}")
     if min(args.batch_size, args.steps_per_round, args.rounds) < 1 or args.warmup < 0:
         args.parser.error("--batch-size, --steps-per-round and --rounds must be at least 1, --warmup 0 or more")
-    from ..config import TrainConfig
-
     try:  # a missing GPU or backend: one line, before any communication
         TrainConfig(backend=args.backend, device=args.device).check_machine(placement().size)
     except ValueError as e:
         args.parser.fail(str(e))
-    ddp = [v for v in args.variants if v in DDP_BACKENDS]
+    ddp = [v for v in args.variants if TABLE[v].ddp]
     if args.device != "cpu" and ddp:
         args.parser.fail(
             f"{', '.join(ddp)} run on the CPU (the mpi4py torch backend takes CPU tensors): "

@@ -59,9 +59,9 @@ from pathlib import Path
 from ..args import nbytes, positive_int, rank_list
 from ..launch import mpiexec_command, placement, run_job
 from ..models import BENCHMARK_MLP
-from ..report import add_output_arguments, new_figure, save_results, write_json
+from ..report import add_output_arguments, save_results, write_json
 from ..timing import WARMUP_STEPS
-from .validate_report import TARGETED, TOLERANCE, Row, Spread, assemble, step_seconds, summarize, table, verdicts
+from .validate_report import TARGETED, TOLERANCE, Row, assemble, plot, step_seconds, summarize, table, verdicts
 
 BLOBS = 4096  # samples in the blobs dataset
 # MPICH: treat every rank as on another node; UCX (MPICH's default netmod): move bytes over TCP;
@@ -175,35 +175,6 @@ def validate(args) -> tuple[list[list[Row]], dict]:
             )
         repeats.append(rows)
     return repeats, raw
-
-
-def plot(rows: Sequence[Spread], path: Path) -> None:
-    fig, (ax, bx) = new_figure(1, 2, figsize=(10, 4))
-
-    def draw(axis, scale, values, style, **kw):  # median, with the spread over the repeats as bars
-        mid = [scale * v[1] for v in values]
-        bars = [
-            [m - scale * v[0] for m, v in zip(mid, values, strict=True)],
-            [scale * v[2] - m for m, v in zip(mid, values, strict=True)],
-        ]
-        return axis.errorbar(ranks, mid, yerr=bars, fmt=style, capsize=3, **kw)[0]
-
-    for b in sorted({r.batch for r in rows}):
-        mine = [r for r in rows if r.batch == b]
-        ranks = [r.ranks for r in mine]
-        line = draw(ax, 1e3, [r.t_step for r in mine], "o--", label=f"B={b} predicted")
-        draw(ax, 1e3, [r.measured for r in mine], "s-", color=line.get_color(), label=f"B={b} measured")
-        draw(bx, 1, [r.pred_speedup for r in mine], "o--", color=line.get_color(), label=f"B={b} predicted")
-        draw(bx, 1, [r.meas_speedup for r in mine], "s-", color=line.get_color(), label=f"B={b} measured")
-    ax.set(xlabel="ranks R", ylabel="step time (ms)", yscale="log", title="sync_sgd step, flat all-reduce")
-    bx.axhline(1.0, color="red", lw=1, label="break-even")
-    bx.set(xlabel="ranks R", ylabel="speedup over 1 rank", title="weak scaling")
-    for a in (ax, bx):
-        a.set_xticks(sorted({r.ranks for r in rows}))
-        a.grid(True, alpha=0.3)
-        a.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
 
 
 def main(args) -> int:

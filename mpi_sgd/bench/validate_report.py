@@ -2,7 +2,7 @@
 
 Pure arithmetic over what :mod:`mpi_sgd.bench.validate` calibrated and measured: one
 :class:`Row` per configuration and world size from each repeat, :class:`Spread` (median and
-extremes) over the repeats, the two targets' verdicts and the markdown table.
+extremes) over the repeats, the two targets' verdicts, the markdown table and the plot.
 """
 
 from __future__ import annotations
@@ -10,8 +10,10 @@ from __future__ import annotations
 import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
-from ..report import markdown_table
+from ..report import markdown_table, new_figure
+from ..timing import slowest_after_warmup
 
 TARGETED = (1, 2)  # world sizes the accuracy target applies to; larger ones oversubscribe here
 TOLERANCE = 0.10
@@ -218,6 +220,34 @@ def step_seconds(metrics: dict) -> tuple[float, float]:
         [c + s for c, s in zip(comp, sync, strict=True)]
         for comp, sync in zip(metrics["t_comp"], metrics["t_sync"], strict=True)
     ]
-    slowest = [max(step) for step in zip(*per_rank, strict=True)]
-    kept = slowest[metrics["warmup_steps"] :] or slowest
+    kept = slowest_after_warmup(per_rank, metrics["warmup_steps"])
     return statistics.median(kept), statistics.fmean(kept)
+
+
+def plot(rows: Sequence[Spread], path: Path) -> None:
+    fig, (ax, bx) = new_figure(1, 2, figsize=(10, 4))
+
+    def draw(axis, scale, values, style, **kw):  # median, with the spread over the repeats as bars
+        mid = [scale * v[1] for v in values]
+        bars = [
+            [m - scale * v[0] for m, v in zip(mid, values, strict=True)],
+            [scale * v[2] - m for m, v in zip(mid, values, strict=True)],
+        ]
+        return axis.errorbar(ranks, mid, yerr=bars, fmt=style, capsize=3, **kw)[0]
+
+    for b in sorted({r.batch for r in rows}):
+        mine = [r for r in rows if r.batch == b]
+        ranks = [r.ranks for r in mine]
+        line = draw(ax, 1e3, [r.t_step for r in mine], "o--", label=f"B={b} predicted")
+        draw(ax, 1e3, [r.measured for r in mine], "s-", color=line.get_color(), label=f"B={b} measured")
+        draw(bx, 1, [r.pred_speedup for r in mine], "o--", color=line.get_color(), label=f"B={b} predicted")
+        draw(bx, 1, [r.meas_speedup for r in mine], "s-", color=line.get_color(), label=f"B={b} measured")
+    ax.set(xlabel="ranks R", ylabel="step time (ms)", yscale="log", title="sync_sgd step, flat all-reduce")
+    bx.axhline(1.0, color="red", lw=1, label="break-even")
+    bx.set(xlabel="ranks R", ylabel="speedup over 1 rank", title="weak scaling")
+    for a in (ax, bx):
+        a.set_xticks(sorted({r.ranks for r in rows}))
+        a.grid(True, alpha=0.3)
+        a.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)

@@ -29,14 +29,16 @@ import time
 from dataclasses import asdict
 
 import torch
-from torch.nn import functional as F
 
 from .. import gradsync, zero
 from ..args import positive_int, positive_ints
 from ..comm.wrappers.counting import CountingComm
+from ..config import TrainConfig
 from ..models import MLP
 from ..perfmodel import memory as memmodel
+from ..replicas import replicate
 from ..report import add_output_arguments, markdown_table, new_figure, save_results
+from ..step import make_optimizer, train_step
 from ..timing import time_interleaved
 
 VARIANTS = ("local", "dp", "zero1", "zero2", "zero3")
@@ -52,48 +54,34 @@ def _stage(variant: str) -> int:
 
 def _build(variant: str, comm, args):
     """(model, sync, optimizer) of one variant, the same initial model for all."""
-    torch.manual_seed(args.seed)
-    model = MLP(tuple(args.layers))
-    gradsync.broadcast_parameters(model, comm)
-
-    def make_optimizer(params):
-        if args.optimizer == "adam":
-            return torch.optim.Adam(params, lr=1e-4)
-        return torch.optim.SGD(params, lr=1e-3, momentum=0.9)
-
+    model = replicate(lambda: MLP(tuple(args.layers)), comm, args.seed)
+    settings = TrainConfig(optimizer=args.optimizer, lr=1e-4 if args.optimizer == "adam" else 1e-3, momentum=0.9)
     if variant == "local":
-        return model, gradsync.GradSync(model, comm), make_optimizer(model.parameters())
+        return model, gradsync.LocalGradients(model), make_optimizer(settings, model)
     if variant == "dp":
-        return model, gradsync.make("bucketed", model, comm, args.bucket_mb), make_optimizer(model.parameters())
-    sync, optimizer = zero.make(_stage(variant), model, comm, make_optimizer)
+        return model, gradsync.make("bucketed", model, comm, args.bucket_mb), make_optimizer(settings, model)
+    sync, optimizer = zero.make(_stage(variant), model, comm, lambda shards: make_optimizer(settings, shards))
     return model, sync, optimizer
 
 
 def _step_fn(model, sync, optimizer, x, y, tracker=None, record=None):
-    """One training step: the trainer's, less its bookkeeping. ``sync.wait`` of ``local`` does nothing.
+    """The trainer's step (:func:`~mpi_sgd.step.train_step`) as a call, with the tracker sampled once
+    the gradients are averaged and again after the update.
 
     ``record`` gets (seconds blocked in communication, seconds of the optimizer's update) per
     step; the update leaves out the parameter all-gather that stages 1-2 do inside ``step()``.
     """
-    local = type(sync) is gradsync.GradSync
+    mark = {}
 
-    def step():
-        sync.seconds = 0.0
-        sync.zero_grad()
-        with sync.accumulate():
-            (F.cross_entropy(model(x), y) * (1.0 if local else sync.loss_scale)).backward()
-        if not local:
-            sync.wait()
+    def hook(phase: str) -> None:
         if tracker is not None:
             tracker.sample()
-        t0, blocked = time.perf_counter(), sync.seconds
-        optimizer.step()
-        if record is not None:
-            record.append((sync.seconds, time.perf_counter() - t0 - (sync.seconds - blocked)))
-        if tracker is not None:
-            tracker.sample()
+        if phase == "averaged":
+            mark["t"], mark["blocked"] = time.perf_counter(), sync.seconds
+        elif record is not None:
+            record.append((sync.seconds, time.perf_counter() - mark["t"] - (sync.seconds - mark["blocked"])))
 
-    return step
+    return lambda: train_step(model, optimizer, sync, x, y, hook=hook)
 
 
 def measure(comm, args) -> dict:

@@ -1,4 +1,4 @@
-"""The machine-level parts of a namespace cluster: tools it needs, namespaces and their processes.
+"""The machine-level parts of a namespace cluster: tools it needs, namespaces, their link and processes.
 
 Kept apart from :class:`mpi_sgd.cluster.netns.Cluster`, which builds hosts out of these.
 """
@@ -14,6 +14,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 PREFIX = "mpisgd-"  # every cluster's namespaces and key directories: mpisgd-<owner pid>-<n>-...
@@ -67,6 +68,52 @@ def ip_cmd(*args: str) -> str:
     if done.returncode != 0:
         raise RuntimeError(f"ip {' '.join(args)}: {done.stderr.strip()}")
     return done.stdout
+
+
+def link(namespaces: Sequence[str], addresses: Sequence[str], rate: str | None = None) -> None:
+    """Join two namespaces by a veth pair, ``eth0`` at each end with its address (/24), both ends
+    and loopback up; with ``rate`` (e.g. ``1gbit``) each end sends at most that, as a NIC of that
+    speed would (tc's token bucket filter)."""
+    a, b = namespaces
+    # Made inside the namespaces, so the pair never shows in the machine's own `ip link`.
+    ip_cmd("link", "add", "eth0", "netns", a, "type", "veth", "peer", "name", "eth0", "netns", b)
+    for ns, address in zip(namespaces, addresses, strict=True):
+        ip_cmd("-n", ns, "addr", "add", f"{address}/24", "dev", "eth0")
+        ip_cmd("-n", ns, "link", "set", "lo", "up")
+        ip_cmd("-n", ns, "link", "set", "eth0", "up")
+        if rate:
+            shape = ["root", "tbf", "rate", rate, "burst", "256kb", "latency", "50ms"]
+            done = subprocess.run(
+                ["tc", "-n", ns, "qdisc", "add", "dev", "eth0", *shape], capture_output=True, text=True
+            )
+            if done.returncode != 0:
+                raise RuntimeError(f"cannot shape the link to {rate}: {done.stderr.strip()}")
+
+
+def host_command(ns: str, hosts_file: Path, name: str, shm_size: str) -> list[str]:
+    """The command that makes a host inside network namespace ``ns``: UTS, mount, IPC and PID namespaces
+    of its own, ``hosts_file`` as its /etc/hosts, a private /dev/shm of ``shm_size``, host name
+    ``name``; its first process (a ``sleep``) holds them all until killed."""
+    setup = (
+        f"mount --bind {hosts_file} /etc/hosts && mount -t tmpfs -o size={shm_size},mode=1777 tmpfs "
+        f"/dev/shm && hostname {name} && exec sleep infinity"
+    )
+    unshare = ["unshare", "--uts", "--mount", "--ipc", "--pid", "--fork", "--mount-proc"]
+    return ["ip", "netns", "exec", ns, *unshare, "sh", "-c", setup]
+
+
+def first_process(holder: subprocess.Popen, seconds: float = 10) -> int | None:
+    """The pid of the host that :func:`host_command` started under ``holder``, once it is up; None if
+    it did not come up within ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        kids = children(holder.pid)
+        if kids and Path(f"/proc/{kids[0]}/exe").resolve().name == "sleep":
+            return kids[0]
+        if holder.poll() is not None:
+            return None
+        time.sleep(0.05)
+    return None
 
 
 def children(pid: int) -> list[int]:

@@ -44,8 +44,11 @@ from .namespaces import (
     alive,
     children,
     ensure_tools,
+    first_process,
+    host_command,
     ip_cmd,
     kill_namespace,
+    link,
     machine_lock,
     missing,
     sweep_stale,
@@ -95,34 +98,7 @@ class Cluster:
             sweep_stale()
             for ns in self.ns.values():
                 ip_cmd("netns", "add", ns)
-        a, b = self.hosts
-        # Made inside the namespaces, so the pair never shows in the machine's own `ip link`.
-        ip_cmd("link", "add", "eth0", "netns", self.ns[a], "type", "veth", "peer", "name", "eth0", "netns", self.ns[b])
-        for h in self.hosts:
-            ip_cmd("-n", self.ns[h], "addr", "add", f"{self.address[h]}/24", "dev", "eth0")
-            ip_cmd("-n", self.ns[h], "link", "set", "lo", "up")
-            ip_cmd("-n", self.ns[h], "link", "set", "eth0", "up")
-            if self.rate:  # each end sends at most `rate`, as a NIC of that speed would
-                tc = [
-                    "tc",
-                    "-n",
-                    self.ns[h],
-                    "qdisc",
-                    "add",
-                    "dev",
-                    "eth0",
-                    "root",
-                    "tbf",
-                    "rate",
-                    self.rate,
-                    "burst",
-                    "256kb",
-                    "latency",
-                    "50ms",
-                ]
-                done = subprocess.run(tc, capture_output=True, text=True)
-                if done.returncode != 0:
-                    raise RuntimeError(f"cannot shape the link to {self.rate}: {done.stderr.strip()}")
+        link([self.ns[h] for h in self.hosts], [self.address[h] for h in self.hosts], self.rate)
         # Under /run (root-owned, not world-writable): sshd refuses keys below a directory that is.
         self.dir = Path(tempfile.mkdtemp(prefix=f"{self.tag}-", dir="/run"))
         hosts_file = self.dir / "hosts"
@@ -180,38 +156,11 @@ class Cluster:
         subprocess.run([str(NODE_SH), *map(str, args)], check=True, capture_output=True)
 
     def _start_host(self, h: str) -> None:
-        setup = (
-            f"mount --bind {self.dir / 'hosts'} /etc/hosts && mount -t tmpfs -o size={SHM_SIZE},mode=1777 tmpfs "
-            f"/dev/shm && hostname {h} && exec sleep infinity"
-        )
-        holder = self._popen(
-            [
-                "ip",
-                "netns",
-                "exec",
-                self.ns[h],
-                "unshare",
-                "--uts",
-                "--mount",
-                "--ipc",
-                "--pid",
-                "--fork",
-                "--mount-proc",
-                "sh",
-                "-c",
-                setup,
-            ]
-        )
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            kids = children(holder.pid)
-            if kids and Path(f"/proc/{kids[0]}/exe").resolve().name == "sleep":
-                self.pid1[h] = kids[0]
-                return
-            if holder.poll() is not None:
-                break
-            time.sleep(0.05)
-        raise RuntimeError(f"host {h} did not start (namespace setup failed: {setup})")
+        command = host_command(self.ns[h], self.dir / "hosts", h, SHM_SIZE)
+        pid = first_process(self._popen(command))
+        if pid is None:
+            raise RuntimeError(f"host {h} did not start (namespace setup failed: {command[-1]})")
+        self.pid1[h] = pid
 
     def _popen(self, cmd, **kw) -> subprocess.Popen:
         p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, **kw)

@@ -15,7 +15,7 @@ from torch.nn import functional as F
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from .. import data
-from ..gradsync import broadcast_parameters
+from ..replicas import broadcast_parameters
 from . import results
 from .config import AsyncConfig
 from .flat import shards

@@ -5,8 +5,8 @@ worker's own buffer, and answers it; nothing waits for anyone else, and there is
 Server 0 (the *lead*) also keeps the budget (:mod:`.budget`): it hands out exactly
 ``evaluations`` gradients in all, holds the workers that ask for more while another still owes
 one, and stops them once every gradient is applied. Each server applies gradients to its slice with
-the update ``torch.optim.SGD`` makes, operation for operation, so with one worker the arithmetic is
-exactly plain SGD's.
+the update ``torch.optim.SGD`` makes (:mod:`.update`), so with one worker the arithmetic is exactly
+plain SGD's.
 
 Failure handling, as this server sees it:
 
@@ -19,11 +19,11 @@ Failure handling, as this server sees it:
 * a message that cannot be right (from a non-worker, of the wrong length, a gradient with NaN
   or infinity) raises :class:`~.protocol.ProtocolError`: garbage is not trained on.
 
-One class of about 300 lines, kept whole: its message handlers all read and change the same
-per-worker state, and split apart they would pass that state around instead. What needs none
-of the rest lives beside it: the budget's arithmetic in :mod:`.budget`, one worker's state and
-when its silence means it is lost in :mod:`.peers`, the results sent to server 0 after training
-in :mod:`.results`.
+One class, kept whole: its message handlers all read and change the same per-worker state, and
+split apart they would pass that state around instead. What needs none of the rest lives beside
+it: the budget's arithmetic in :mod:`.budget`, one worker's state and when its silence means it
+is lost in :mod:`.peers`, the update rule in :mod:`.update`, the results sent to server 0 after
+training in :mod:`.results`.
 """
 
 from __future__ import annotations
@@ -55,6 +55,7 @@ from .protocol import (
     wait_until,
 )
 from .staleness import Clock, staleness_lr
+from .update import MomentumSGD
 
 
 class Server:
@@ -62,7 +63,7 @@ class Server:
         self.comm, self.cfg, self.index, self.bounds = comm, cfg, index, bounds
         self.lead = index == 0
         self.shard = params[bounds[index]].detach().clone()
-        self.velocity = None  # momentum buffer
+        self.update = MomentumSGD(cfg.momentum)
         self.clock = Clock(cfg.max_staleness if cfg.bounded else None)
         self.t0 = time.monotonic()
         self.peers = {r: Peer(r, self.shard, self.t0) for r in range(cfg.servers, comm.size)}
@@ -175,7 +176,7 @@ class Server:
 
     def _apply(self, peer: Peer) -> None:
         tau = self.clock.apply(peer.rank)
-        self._step(peer.grad, staleness_lr(self.cfg.lr, tau, self.cfg.lr_by_staleness))
+        self.update.step(self.shard, peer.grad, staleness_lr(self.cfg.lr, tau, self.cfg.lr_by_staleness))
         self.staleness[tau] += 1
         self.applied_by[peer.rank] += 1
         if self.cfg.snapshot_every and self.clock.version % self.cfg.snapshot_every == 0:
@@ -184,20 +185,6 @@ class Server:
             self.budget.apply(peer.rank)
         self._reply(peer)
         self._settle()  # the last gradient owed is in: the held workers stop
-
-    def _step(self, grad: torch.Tensor, lr: float) -> None:
-        """SGD with momentum exactly as ``torch.optim.SGD`` does it (no dampening, no Nesterov).
-
-        Written out rather than borrowed: constructing a torch optimizer imports ``torch._dynamo``,
-        seconds of start-up on a loaded machine, for four lines of arithmetic.
-        """
-        if self.cfg.momentum:
-            if self.velocity is None:
-                self.velocity = grad.clone()
-            else:
-                self.velocity.mul_(self.cfg.momentum).add_(grad)
-            grad = self.velocity
-        self.shard.add_(grad, alpha=-lr)
 
     def _reply(self, peer: Peer) -> None:
         """Send ``peer`` the current slice to compute on; server 0 may hold or stop it instead."""

@@ -65,7 +65,7 @@ def constants(optimizer: str = "adam", precision: str = "fp32") -> tuple[int, in
 
 @dataclass(frozen=True)
 class ModelStates:
-    """Bytes one rank holds of each model state."""
+    """Bytes one rank holds of each model state: predicted here, measured by :mod:`mpi_sgd.zero.memory`."""
 
     params: float
     grads: float

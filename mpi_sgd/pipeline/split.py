@@ -2,9 +2,9 @@
 
 A pipeline needs the model as a sequence: stage ``s`` runs layers ``[bounds[s], bounds[s+1])``
 and hands its output to stage ``s+1``. :func:`layers_of` gives that sequence for an
-``nn.Sequential`` and for the project's :class:`~mpi_sgd.models.MLP` and
-:class:`~mpi_sgd.models.FFNet`, built from the model's own modules (the same parameter objects,
-so a stage trains the model it came from). A "layer" is one linear map with the activation
+``nn.Sequential`` and for the project's :class:`~mpi_sgd.models.MLP` (and so its subclasses FFNet
+and SimpleNet), built from the model's own modules (the same parameter objects, so a stage trains
+the model it came from). A "layer" is one linear map with the activation
 that follows it: cuts fall between layers, where the activation is what travels.
 
 Where to cut (:func:`partition`): each layer gets a cost, and the cuts minimise the cost of the
@@ -22,7 +22,7 @@ import time
 import torch
 from torch import nn
 
-from ..models import MLP, FFNet
+from ..models import MLP
 
 SPLITS = ("layers", "params", "time")
 
@@ -31,17 +31,14 @@ def layers_of(model: nn.Module) -> list[nn.Module]:
     """The model as an ordered list of layers whose composition is ``model.forward``."""
     if isinstance(model, nn.Sequential):
         return list(model)
-    if isinstance(model, MLP):
-        # MLP.forward: flatten, then (linear, relu, dropout) per hidden layer, then the last linear
-        *hidden, last = model.layers
-        blocks = [nn.Sequential(lin, nn.ReLU(), model.dropout) for lin in hidden] + [last]
-    elif isinstance(model, FFNet):
-        blocks = [nn.Sequential(lin, nn.ReLU()) for lin in (model.fc_in, *model.hidden)] + [model.fc_out]
-    else:
+    if not isinstance(model, MLP):
         raise TypeError(
             f"cannot cut a {type(model).__name__} into pipeline stages: give an nn.Sequential, "
             "an MLP or an FFNet (a pipeline needs the model as a sequence of layers)"
         )
+    # MLP.forward: flatten, then (linear, relu, dropout) per hidden layer, then the last linear
+    *hidden, last = model.layers
+    blocks = [nn.Sequential(lin, nn.ReLU(), model.dropout) for lin in hidden] + [last]
     return [nn.Sequential(nn.Flatten(), blocks[0]), *blocks[1:]]
 
 

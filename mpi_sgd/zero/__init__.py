@@ -37,7 +37,7 @@ import torch
 from torch import nn
 
 from .engine import STAGES, ZeroEngine
-from .memory import MemoryTracker, Snapshot, measure
+from .memory import MemoryTracker, measure
 from .optim import ShardedOptimizer
 
 
@@ -65,4 +65,4 @@ def track_memory(engine: ZeroEngine | None, model: nn.Module, optimizer) -> Memo
     return tracker
 
 
-__all__ = ["STAGES", "MemoryTracker", "ShardedOptimizer", "Snapshot", "ZeroEngine", "make", "measure", "track_memory"]
+__all__ = ["STAGES", "MemoryTracker", "ShardedOptimizer", "ZeroEngine", "make", "measure", "track_memory"]

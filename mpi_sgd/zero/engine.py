@@ -1,8 +1,8 @@
 """When each collective of ZeRO runs: the hooks that shard gradients and parameters around a step.
 
 :class:`ZeroEngine` is a gradient strategy (:class:`~mpi_sgd.gradsync.GradSync`), so the trainer
-drives it as it drives the all-reduce strategies: ``zero_grad()``, one ``accumulate()`` block per
-micro-batch around backward, ``wait()``, then the optimizer step (:mod:`.optim`).
+drives it as it drives the all-reduce strategies: ``zero_grad()``, one ``accumulate(last=...)`` block
+per micro-batch around backward, ``wait()``, then the optimizer step (:mod:`.optim`).
 
 * **Stage 1.** Gradients accumulate locally in full, as in plain data parallel. When the last
   micro-batch's backward has produced a unit's gradients, the unit's reduce-scatter starts (from
@@ -21,7 +21,7 @@ Overlap and progress, as in :class:`~mpi_sgd.gradsync.BucketedAllReduce`: MPICH 
 non-blocking collective on only while the process is inside an MPI call, so every hook polls the
 collectives in flight. Collectives start in a fixed order on every rank (reduce-scatters in
 reverse module order, the order backward completes the units of a sequential model; a unit that
-is ready early waits for its predecessors), as MPI requires.
+is ready early waits for its predecessors: :mod:`mpi_sgd.bucketorder`), as MPI requires.
 
 The 1/R of the average is folded into the loss (``loss_scale``), as the flat and bucketed
 strategies do, so the reduce-scatters sum.
@@ -35,6 +35,7 @@ import time
 import torch
 from torch import nn
 
+from ..bucketorder import BucketOrder
 from ..gradsync import GradSync
 from .units import Unit, build_units
 
@@ -72,12 +73,12 @@ class ZeroEngine(GradSync):
         self.memory = None  # a MemoryTracker (see .memory) sampled at every event, when measuring
         self._index = {id(u): i for i, u in enumerate(self.units)}
         self._order = self.units[::-1]  # the order reduce-scatters start in
-        self._next = 0  # index in _order of the next reduce-scatter to start
-        self._started: list[Unit] = []
+        self.order = BucketOrder([len(u.params) for u in self._order], self._start)
         self._fresh: set[int] = set()  # units whose next reduce-scatter overwrites grad_shard
-        for u in self.units:
+        self._idle = False  # stages 2-3: the last micro-batch's block ended with its collectives done
+        for i, u in enumerate(self._order):
             for p in u.params:
-                p.register_post_accumulate_grad_hook(self._on_grad(u))
+                p.register_post_accumulate_grad_hook(self._on_grad(u, i))
             if stage >= 2:
                 u.module.register_forward_hook(self._after_forward(u))
             if stage == 3:
@@ -93,17 +94,26 @@ class ZeroEngine(GradSync):
             for u in self.units:
                 u.grad.zero_()
         self._fresh = {id(u) for u in self.units}
+        self._idle = False
 
     @contextlib.contextmanager
-    def accumulate(self, last: bool = True):
-        self._last = last
-        yield
+    def accumulate(self, last: bool = False):
+        """As :meth:`GradSync.accumulate`. Stages 2-3 reduce-scatter every micro-batch whatever
+        ``last`` says, summing into the shard (memory stays at 1/R), and complete them as the block
+        ends, unless it is the ``last``, whose collectives :meth:`wait` completes. So there each
+        micro-batch needs a block of its own: a second backward with none between would send its
+        units again, which raises :class:`~mpi_sgd.bucketorder.SentTwice`."""
+        self._idle = False
+        with super().accumulate(last):
+            yield
         if not last and self.stage >= 2:
-            self._finish()  # every micro-batch is reduce-scattered; stage 1 waits for the last
+            self._finish()
+            self._idle = True  # wait() has nothing left to send unless another backward comes
 
     def wait(self) -> None:
         """Every unit's ``grad_shard`` holds this rank's shard of the gradient averaged over ranks."""
-        self._finish()
+        if not self._idle:
+            self._finish()
 
     @contextlib.contextmanager
     def full_parameters(self):
@@ -126,7 +136,7 @@ class ZeroEngine(GradSync):
         requests = [(self.comm.iallgather(u.shard.clone(), u.slots()), u) for u in self.units]
         for request, u in requests:
             request.wait()
-            self._event(f"allgather {u.name}", t0)
+            self.record(f"allgather {u.name}", t0, time.perf_counter())
         self.seconds += time.perf_counter() - t0
         self._sample()
 
@@ -157,6 +167,7 @@ class ZeroEngine(GradSync):
 
     def _before_backward(self, u: Unit):
         def hook(grad):
+            self._idle = False
             t0 = time.perf_counter()
             self._poll()
             u.alloc_grad()
@@ -170,46 +181,43 @@ class ZeroEngine(GradSync):
 
         return hook
 
-    def _on_grad(self, u: Unit):
+    def _on_grad(self, u: Unit, i: int):
         def hook(p):
-            if self.stage == 1 and not self._last:
-                return  # a non-final micro-batch: keep accumulating locally
+            self._idle = False
+            if self.stage == 1 and not self._sending:
+                return  # not the final micro-batch: keep accumulating locally
             t0 = time.perf_counter()
             if self.stage >= 2:
                 u.adopt_grad(p)
-            u.pending -= 1
-            if u.pending == 0 and self.stage == 3:
+            if self.order.arrive(i) and self.stage == 3:
                 self._free(u)  # every node that saved these parameters has run
             self._poll()
-            self._start_ready()
+            self.order.start_ready()
             self._sample()
             self.seconds += time.perf_counter() - t0
 
         return hook
 
     # -- collectives ------------------------------------------------------------------------
-    def _start_ready(self, force: bool = False) -> None:
-        while self._next < len(self._order) and (force or self._order[self._next].pending == 0):
-            u = self._order[self._next]
-            if self.stage >= 2:
-                # One reduce-scatter in flight at a time: it overlaps the backward of the next unit,
-                # and at most two units' full gradients exist at once (the one being reduced, the
-                # one being produced). MPICH moves a large non-blocking collective on only a little
-                # per poll, so without this bound every unit's gradient could still be waiting.
-                self._complete_started()
-            u.alloc_grad()  # no-op unless the unit got no gradient: then zeros, so ranks still match
-            recv = u.grad_shard if id(u) in self._fresh else torch.empty_like(u.grad_shard)
-            self._fresh.discard(id(u))
-            # (the non-finite flag rides in element 0 of every shard: see GradSync.outgoing)
-            self.outgoing(u.grad, self.comm.size, u.grad_shard)
-            u.reduce = (self.comm.ireduce_scatter(u.grad, recv), recv, time.perf_counter())
-            self._started.append(u)
-            self._next += 1
+    def _start(self, i: int) -> None:
+        u = self._order[i]
+        if self.stage >= 2:
+            # One reduce-scatter in flight at a time: it overlaps the backward of the next unit,
+            # and at most two units' full gradients exist at once (the one being reduced, the
+            # one being produced). MPICH moves a large non-blocking collective on only a little
+            # per poll, so without this bound every unit's gradient could still be waiting.
+            self._complete_started()
+        u.alloc_grad()  # no-op unless the unit got no gradient: then zeros, so ranks still match
+        recv = u.grad_shard if id(u) in self._fresh else torch.empty_like(u.grad_shard)
+        self._fresh.discard(id(u))
+        # (the non-finite flag rides in element 0 of every shard: see GradSync.outgoing)
+        self.outgoing(u.grad, self.comm.size, u.grad_shard)
+        u.reduce = (self.comm.ireduce_scatter(u.grad, recv), recv, time.perf_counter())
 
     def _complete_started(self) -> None:
         """Wait for the reduce-scatters started so far, in start order, so the micro-batches' shards
         are summed in the same order on every run; free full gradients (stages 2-3)."""
-        for u in self._started:
+        for u in (self._order[i] for i in self.order.started):
             if u.reduce is None:
                 continue
             request, recv, started = u.reduce
@@ -217,7 +225,7 @@ class ZeroEngine(GradSync):
             if recv is not u.grad_shard:
                 u.grad_shard += recv
             u.reduce = None
-            self._event(f"reduce_scatter {u.name}", started)
+            self.record(f"reduce_scatter {u.name}", started, time.perf_counter())
             if self.stage >= 2:
                 u.free_grad()
 
@@ -232,7 +240,7 @@ class ZeroEngine(GradSync):
             request, t0 = u.gather
             request.wait()
             u.gather = None
-            self._event(f"allgather {u.name}", t0)
+            self.record(f"allgather {u.name}", t0, time.perf_counter())
 
     def _free(self, u: Unit) -> None:
         if u.gather is not None:  # prefetched but never used: finish it before releasing its memory
@@ -250,23 +258,16 @@ class ZeroEngine(GradSync):
 
     def _finish(self) -> None:
         t0 = time.perf_counter()
-        self._start_ready(force=True)
+        self.order.flush()
         self._complete_started()
         if self.stage == 3:
             for u in self.units:
                 self._free(u)
-        self._started.clear()
-        self._next = 0
-        for u in self.units:
-            u.pending = len(u.params)
+        self.order.reset()
         self.seconds += time.perf_counter() - t0
         self._sample()
 
     # -- measurement ------------------------------------------------------------------------
-    def _event(self, name: str, start: float) -> None:
-        if self.events is not None:
-            self.events.append((name, start, time.perf_counter() - start))
-
     def _sample(self) -> None:
         if self.memory is not None:
             self.memory.sample()

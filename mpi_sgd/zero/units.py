@@ -55,8 +55,7 @@ class Unit:
         self.shard = own.clone() if separate_shard else own
         self.grad: torch.Tensor | None = None  # flat gradient, every param.grad a view into it
         self.grad_shard = torch.zeros(self.shard_numel, dtype=self.dtype, device=self.device)
-        # per-step bookkeeping, reset by the engine
-        self.pending = len(params)  # parameters whose gradient has not arrived this micro-batch
+        # collectives in flight, kept by the engine
         self.gather = None  # (Request, start time) of an all-gather into ``full`` in flight
         self.reduce = None  # (Request, receive buffer, start time) of a reduce-scatter in flight
 

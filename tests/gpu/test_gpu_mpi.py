@@ -114,12 +114,13 @@ def test_a_bucketed_step_on_the_gpu_averages_every_ranks_gradient(gpu_comm):
 @pytest.mark.parametrize("strategy", ("flat", "bucketed"))
 def test_the_trainer_on_the_gpu_equals_one_cpu_process_at_batch_RB(gpu_comm, strategy):
     from mpi_sgd.trainer import Trainer
-    from tests.mpi.test_sync_sgd import config, flat_params, reference, regression_set
+    from tests.helpers import flat_params, regression_set, train_config
+    from tests.mpi.test_sync_sgd import reference
 
     comm, device = gpu_comm
     backend = next(name for name, made in _made.items() if made is comm)
-    cfg = config(strategy=strategy, device=str(device), backend=backend)
-    ds = regression_set(comm)
+    cfg = train_config(strategy=strategy, device=str(device), backend=backend)
+    ds = regression_set(comm.size)
     trainer = Trainer.from_config(cfg, ds.to(torch.float64, device), comm)
     trainer.train()
     got = flat_params(trainer.model).cpu()

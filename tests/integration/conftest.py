@@ -7,8 +7,10 @@ They start their own mpiexec, so they must not run inside an MPI job themselves 
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -41,3 +43,28 @@ def run_mpi(n: int, *args: str, timeout: float = 120, env: dict | None = None, c
             f"{shlex.join(cmd)} exited {proc.returncode}\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}"
         )
     return proc
+
+
+def run_cli(*args: str, timeout: float = 150) -> subprocess.CompletedProcess:
+    """``python -m mpi_sgd.cli args`` as one process that launches its own jobs (each ended by the
+    launcher after MPIEXEC_TIMEOUT, before this call's own timeout); stdout and stderr as text."""
+    cmd = [sys.executable, "-m", "mpi_sgd.cli", *args]
+    env = {**os.environ, "MPIEXEC_TIMEOUT": str(int(timeout) - 50)}
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def table_header(stdout: str) -> list[str]:
+    """The cells of the first markdown table's header row in ``stdout``."""
+    header = next(line for line in stdout.splitlines() if line.startswith("|"))
+    return [c.strip() for c in header.strip("|").split("|")]
+
+
+def run_mpi_tests(n: int, *files: str, select: str | None = None, timeout: float = 120) -> tuple[list[int], str]:
+    """``files`` of tests/mpi under ``mpiexec -n n python -m mpi4py -m pytest --with-mpi -x`` (one
+    torch thread per rank), only those ``-k select`` picks; the number of tests each rank passed
+    (one entry per rank that reported) and the job's output, to show when an assertion fails."""
+    paths = [str(ROOT / "tests" / "mpi" / f) for f in files]
+    args = ["-m", "mpi4py", "-m", "pytest", "--with-mpi", "-x", "-q", "-p", "no:cacheprovider"]
+    args += ["-k", select] if select else []
+    out = run_mpi(n, *args, *paths, env={"OMP_NUM_THREADS": "1"}, timeout=timeout)
+    return [int(passed) for passed in re.findall(r"(\d+) passed", out.stdout)], out.stdout[-2000:]

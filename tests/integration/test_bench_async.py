@@ -4,34 +4,15 @@ Structure only: which side wins is the benchmark's finding, not something a test
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import sys
 
-from .conftest import ROOT
+from .conftest import run_cli
 
 
 def test_bench_async_tiny(tmp_path):
-    cmd = [
-        sys.executable,
-        "-m",
-        "mpi_sgd.cli",
-        "bench",
-        "async",
-        "--scenarios",
-        "base",
-        "--ranks",
-        "2",
-        "--evaluations",
-        "40",
-        "--rounds",
-        "2",
-        "--out-dir",
-        str(tmp_path),
-    ]
-    out = subprocess.run(
-        cmd, cwd=ROOT, capture_output=True, text=True, timeout=150, env={**os.environ, "MPIEXEC_TIMEOUT": "100"}
+    out = run_cli(
+        *("bench", "async", "--scenarios", "base", "--ranks", "2", "--evaluations", "40", "--rounds", "2"),
+        *("--out-dir", str(tmp_path)),
     )
     assert out.returncode == 0, out.stdout + out.stderr
     assert re.search(r"^\|\s+base \|\s+2 \|", out.stdout, re.MULTILINE), out.stdout

@@ -4,36 +4,15 @@ reports. Structure only: whether the model meets its 10% target is the benchmark
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import sys
 
-from .conftest import ROOT
+from .conftest import run_cli
 
 
 def test_validate_tiny(tmp_path):
-    cmd = [
-        sys.executable,
-        "-m",
-        "mpi_sgd.cli",
-        "bench",
-        "validate",
-        "--batches",
-        "4",
-        "--ranks",
-        "1,2",
-        "--max-steps",
-        "12",
-        "--max-bytes",
-        "64KiB",
-        "--repeats",
-        "1",
-        "--out-dir",
-        str(tmp_path),
-    ]
-    out = subprocess.run(
-        cmd, cwd=ROOT, capture_output=True, text=True, timeout=150, env={**os.environ, "MPIEXEC_TIMEOUT": "100"}
+    out = run_cli(
+        *("bench", "validate", "--batches", "4", "--ranks", "1,2", "--max-steps", "12", "--max-bytes", "64KiB"),
+        *("--repeats", "1", "--out-dir", str(tmp_path)),
     )
     # Exit 1 is the benchmark's verdict that the model called the wrong side of break-even; at 12
     # steps on a busy machine that can happen, and a timed verdict is not what this test checks.

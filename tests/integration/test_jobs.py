@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from .conftest import run_mpi
+from .conftest import run_mpi, table_header
 
 
 def test_a_failing_rank_aborts_the_job_quickly(tmp_path):
@@ -99,9 +99,7 @@ def test_bench_sgd_prints_ddp_bench_columns_and_sweeps_buckets(tmp_path):
         "--out-dir",
         str(tmp_path),
     )
-    header = next(line for line in proc.stdout.splitlines() if line.startswith("|"))
-    cells = [c.strip() for c in header.strip("|").split("|")]
-    assert cells == [
+    assert table_header(proc.stdout) == [
         "model",
         "variant",
         "step ms",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import re
 
-from .conftest import EXAMPLES, ROOT, run_mpi
+from .conftest import EXAMPLES, run_mpi, run_mpi_tests
 
 ENV = {"OMP_NUM_THREADS": "1"}  # three or four ranks share two cores in CI
 # At R = 4 the equivalence, memory, timeline and header tests; the other communicators and the
@@ -20,25 +20,8 @@ MIN_TESTS = 15
 
 def test_pipeline_equivalence_at_four_ranks():
     """The tests/mpi body at R = 4 (make test covers 1, 2, 3): four stages of the six-layer model."""
-    test_file = str(ROOT / "tests" / "mpi" / "test_pipeline.py")
-    out = run_mpi(
-        4,
-        "-m",
-        "mpi4py",
-        "-m",
-        "pytest",
-        "--with-mpi",
-        "-x",
-        "-q",
-        "-p",
-        "no:cacheprovider",
-        "-k",
-        SELECT,
-        test_file,
-        env=ENV,
-    )
-    ran = [int(n) for n in re.findall(r"(\d+) passed", out.stdout)]
-    assert len(ran) == 4 and min(ran) >= MIN_TESTS, out.stdout[-2000:]
+    ran, out = run_mpi_tests(4, "test_pipeline.py", select=SELECT)
+    assert len(ran) == 4 and min(ran) >= MIN_TESTS, out
 
 
 def test_08_pipeline_checks_equality_and_prints_the_bubble_table(tmp_path):

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import ROOT, run_mpi
+from .conftest import run_mpi, run_mpi_tests, table_header
 
 ENV = {"OMP_NUM_THREADS": "1"}
 
@@ -67,26 +67,8 @@ def test_shm_tests_at_four_ranks():
     out, to keep make test short: nodes of one rank each (MPI between every rank, nothing shared:
     nothing at 4 that 3 does not show) and the trainer (at 1, 2, 3 here; at 4 on the namespace
     cluster, test_netns_cluster.py, where one runs)."""
-    test_file = str(ROOT / "tests" / "mpi" / "test_shm.py")
-    out = run_mpi(
-        4,
-        "-m",
-        "mpi4py",
-        "-m",
-        "pytest",
-        "--with-mpi",
-        "-x",
-        "-q",
-        "-p",
-        "no:cacheprovider",
-        "-k",
-        "not alone and not trainer",
-        test_file,
-        env=ENV,
-        timeout=240,
-    )
-    ran = [int(n) for n in re.findall(r"(\d+) passed", out.stdout)]
-    assert len(ran) == 4 and min(ran) >= 35, out.stdout[-2000:]
+    ran, out = run_mpi_tests(4, "test_shm.py", select="not alone and not trainer", timeout=240)
+    assert len(ran) == 4 and min(ran) >= 35, out
 
 
 @pytest.mark.parametrize("cleanup", ["launcher", "survivors"])
@@ -128,9 +110,7 @@ def test_a_killed_rank_ends_the_job_named_and_leaves_no_shared_memory(tmp_path, 
 def test_bench_shm_prints_the_comparison_and_the_targets(tmp_path):
     sweep = ["--min-bytes", "4KiB", "--max-bytes", "128KiB", "--pool", "4MiB", "--rounds", "2", "--iterations", "20"]
     out = run_mpi(2, "-m", "mpi_sgd.cli", "bench", "shm", *sweep, "--out-dir", str(tmp_path), env=ENV)
-    header = next(line for line in out.stdout.splitlines() if line.startswith("|"))
-    cells = [c.strip() for c in header.strip("|").split("|")]
-    assert cells == [
+    assert table_header(out.stdout) == [
         "size",
         "shared us",
         "raw us",

@@ -7,11 +7,10 @@ puts a timeout on every launch, so a hang fails the test instead of stalling the
 from __future__ import annotations
 
 import json
-import re
 
 import numpy as np
 
-from .conftest import EXAMPLES, ROOT, run_mpi
+from .conftest import EXAMPLES, run_mpi, run_mpi_tests
 
 SCRIPT = str(EXAMPLES / "sync_sgd.py")
 # One thread per rank whatever the host: two or four ranks share two cores in CI.
@@ -27,11 +26,9 @@ MIN_TESTS = 12  # tests/mpi/test_sync_sgd.py: equivalence x strategies x optimiz
 
 def test_equivalence_at_four_ranks():
     """The tests/mpi body at R = 4 (make test covers 1, 2, 3); 4 ranks on 2 cores is fine."""
-    test_file = str(ROOT / "tests" / "mpi" / "test_sync_sgd.py")
-    out = launch(4, "-m", "mpi4py", "-m", "pytest", "--with-mpi", "-x", "-q", "-p", "no:cacheprovider", test_file)
+    ran, out = run_mpi_tests(4, "test_sync_sgd.py")
     # Every rank must have run the equivalence tests, not skipped them (pytest exits 0 either way).
-    ran = [int(n) for n in re.findall(r"(\d+) passed", out.stdout)]
-    assert len(ran) == 4 and min(ran) >= MIN_TESTS, out.stdout[-2000:]
+    assert len(ran) == 4 and min(ran) >= MIN_TESTS, out
 
 
 def test_demo_trains_and_writes_metrics(tmp_path):

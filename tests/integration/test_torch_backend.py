@@ -10,31 +10,15 @@ from __future__ import annotations
 
 import re
 
-from .conftest import EXAMPLES, ROOT, run_mpi
+from .conftest import EXAMPLES, run_mpi, run_mpi_tests
 
 ENV = {"OMP_NUM_THREADS": "1"}
 MIN_TESTS = 45  # test_torch_backend.py and test_torch_ddp.py together
 
 
 def test_backend_and_ddp_at_four_ranks():
-    files = [str(ROOT / "tests" / "mpi" / f) for f in ("test_torch_backend.py", "test_torch_ddp.py")]
-    out = run_mpi(
-        4,
-        "-m",
-        "mpi4py",
-        "-m",
-        "pytest",
-        "--with-mpi",
-        "-x",
-        "-q",
-        "-p",
-        "no:cacheprovider",
-        *files,
-        env=ENV,
-        timeout=240,
-    )
-    ran = [int(n) for n in re.findall(r"(\d+) passed", out.stdout)]
-    assert len(ran) == 4 and min(ran) >= MIN_TESTS, out.stdout[-2000:]  # every rank ran them, none skipped
+    ran, out = run_mpi_tests(4, "test_torch_backend.py", "test_torch_ddp.py", timeout=240)
+    assert len(ran) == 4 and min(ran) >= MIN_TESTS, out  # every rank ran them, none skipped
 
 
 def test_example_06_trains_ddp_over_mpi():

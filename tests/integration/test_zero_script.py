@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 
-from .conftest import EXAMPLES, ROOT, run_mpi
+from .conftest import EXAMPLES, run_mpi, run_mpi_tests
 
 ENV = {"OMP_NUM_THREADS": "1"}  # two, three or four ranks share two cores
 
@@ -18,26 +18,8 @@ def table_rows(stdout: str) -> list[list[str]]:
 def test_equivalence_at_four_ranks():
     """tests/mpi/test_zero.py's equivalence tests at R = 4 (make test runs all of it at 1, 2, 3):
     each stage with Adam, and with the uneven units of which one is smaller than R."""
-    test_file = str(ROOT / "tests" / "mpi" / "test_zero.py")
-    out = run_mpi(
-        4,
-        "-m",
-        "mpi4py",
-        "-m",
-        "pytest",
-        "--with-mpi",
-        "-x",
-        "-q",
-        "-p",
-        "no:cacheprovider",
-        "-k",
-        "equals_plain and adam or uneven",
-        test_file,
-        env=ENV,
-        timeout=240,
-    )
-    ran = [int(n) for n in re.findall(r"(\d+) passed", out.stdout)]
-    assert len(ran) == 4 and min(ran) == 6, out.stdout[-2000:]  # every rank ran them, none skipped
+    ran, out = run_mpi_tests(4, "test_zero.py", select="equals_plain and adam or uneven", timeout=240)
+    assert len(ran) == 4 and min(ran) == 6, out  # every rank ran them, none skipped
 
 
 def test_07_zero_at_three_ranks_prints_equality_and_memory():

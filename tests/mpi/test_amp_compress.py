@@ -21,13 +21,12 @@ import torch
 from mpi_sgd import comm as mpicomm
 from mpi_sgd import data, gradsync
 from mpi_sgd.amp import MixedPrecision
-from mpi_sgd.config import TrainConfig
 from mpi_sgd.models import build_model
+from mpi_sgd.replicas import replicate
 from mpi_sgd.trainer import Trainer, make_optimizer
-from tests.mpi.test_sync_sgd import assert_same_on_every_rank, flat_params
+from tests.helpers import B, assert_same_on_every_rank, flat_params, train_config
 
 pytestmark = pytest.mark.mpi
-B = 8
 TOL = {"amp": 5e-3, "bf16": 1e-3, "fp16": 1e-4}
 
 
@@ -37,23 +36,9 @@ def comm():
 
 
 def train(comm, **kw) -> torch.Tensor:
-    cfg = TrainConfig(
-        model="ffnet",
-        dataset="blobs",
-        batch_size=B,
-        lr=0.05,
-        momentum=0.9,
-        max_steps=6,
-        epochs=100,
-        progress=False,
-        bucket_mb=0.02,
-        seed=3,
-        **kw,
-    )
+    cfg = train_config(dataset="blobs", dtype="float32", **kw)  # --amp trains float32 parameters
     ds = data.blobs(num_samples=3 * comm.size * B + 5, input_size=12, num_classes=4, seed=1)
-    torch.manual_seed(cfg.seed)
-    model = build_model(cfg.model, (12,), 4)
-    gradsync.broadcast_parameters(model, comm)
+    model = replicate(lambda: build_model(cfg.model, (12,), 4), comm, cfg.seed)
     sync = gradsync.make("bucketed", model, comm, cfg.bucket_mb, compress=cfg.compress)
     Trainer(model, make_optimizer(cfg, model), sync, ds, comm, cfg).train()
     return flat_params(model)

@@ -26,7 +26,15 @@ from mpi_sgd.comm.backends.mpi import MPIComm
 from mpi_sgd.comm.shm.allreduce import MIN_BYTES
 from mpi_sgd.comm.shm.reduce import CHUNK_BYTES
 from mpi_sgd.comm.shm.sync import StalledRankError
-from tests.helpers import assert_close, rank_data, tolerance
+from tests.helpers import (
+    assert_close,
+    assert_same_on_every_rank,
+    flat_params,
+    rank_data,
+    regression_set,
+    tolerance,
+    train_config,
+)
 from tests.mpi import test_sync_sgd as sgd
 
 pytestmark = pytest.mark.mpi
@@ -239,14 +247,14 @@ def test_trainer_equals_one_process_with_shared_buckets(shm, strategy, grad_accu
     with 4 micro-batches the later ones accumulate into the slot the first one's gradient landed in."""
     if not shm.node_shared and shm.size > 1:
         pytest.skip("no rank shares a node here: ordinary buckets, as tests/mpi/test_sync_sgd.py runs them")
-    cfg = sgd.config(strategy=strategy, grad_accum=grad_accum)
-    ds = sgd.regression_set(shm)
+    cfg = train_config(strategy=strategy, grad_accum=grad_accum)
+    ds = regression_set(shm.size)
     trainer = sgd.distributed(shm, cfg, ds)
     assert all(in_window(shm, b.buffer) == shm.node_shared for b in trainer.sync.buckets)
     trainer.train()
-    got = sgd.flat_params(trainer.model)
+    got = flat_params(trainer.model)
     torch.testing.assert_close(got, sgd.reference(shm.size, cfg, ds), rtol=sgd.RTOL, atol=sgd.ATOL)
-    sgd.assert_same_on_every_rank(shm, got)
+    assert_same_on_every_rank(shm, got)
 
 
 def test_no_named_shared_memory_files(shm):

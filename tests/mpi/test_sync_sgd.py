@@ -31,44 +31,16 @@ from mpi_sgd import data, gradsync
 from mpi_sgd.config import TrainConfig
 from mpi_sgd.models import build_model
 from mpi_sgd.trainer import Trainer
+from tests.helpers import STEPS, B, assert_same_on_every_rank, flat_params, regression_set, train_config
 
 pytestmark = pytest.mark.mpi
 
 RTOL = ATOL = 1e-12
-STEPS = 6
-B = 8
 
 
 @pytest.fixture(scope="module")
 def comm():
     return mpicomm.init("mpi4py", abort_on_error=False)
-
-
-def config(**kw) -> TrainConfig:
-    base = dict(
-        model="ffnet",
-        dataset="toy",
-        batch_size=B,
-        lr=0.05,
-        momentum=0.9,
-        dtype="float64",
-        max_steps=STEPS,
-        epochs=100,
-        progress=False,
-        bucket_mb=0.02,
-        seed=3,
-    )
-    base.update(kw)
-    return TrainConfig(**base)
-
-
-def regression_set(comm) -> data.Dataset:
-    # 3 global batches per epoch at any R, so the 6 steps cross an epoch boundary (a reshuffle)
-    return data.toy_regression(num_samples=3 * comm.size * B + 5, input_size=12, seed=1).to(torch.float64)
-
-
-def flat_params(model) -> torch.Tensor:
-    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
 
 
 def distributed(comm, cfg: TrainConfig, ds: data.Dataset) -> Trainer:
@@ -98,19 +70,11 @@ def reference(world_size: int, cfg: TrainConfig, ds: data.Dataset) -> torch.Tens
     return flat_params(model)
 
 
-def assert_same_on_every_rank(comm, t: torch.Tensor) -> None:
-    everyone = torch.zeros(comm.size, t.numel(), dtype=t.dtype)
-    comm.allgather(t.contiguous(), everyone)
-    for r in range(comm.size):
-        # Every rank applies the same update to the same averaged gradient: bit-identical.
-        assert torch.equal(everyone[r], everyone[0]), f"rank {r} drifted from rank 0"
-
-
 @pytest.mark.parametrize("optimizer", ["sgd", "adam"])
 @pytest.mark.parametrize("strategy", gradsync.STRATEGIES)
 def test_equals_one_process_at_batch_RB(comm, strategy, optimizer):
-    cfg = config(strategy=strategy, optimizer=optimizer, lr=0.01 if optimizer == "adam" else 0.05)
-    ds = regression_set(comm)
+    cfg = train_config(strategy=strategy, optimizer=optimizer, lr=0.01 if optimizer == "adam" else 0.05)
+    ds = regression_set(comm.size)
     trainer = distributed(comm, cfg, ds)
     trainer.train()
     got = flat_params(trainer.model)
@@ -121,18 +85,18 @@ def test_equals_one_process_at_batch_RB(comm, strategy, optimizer):
 
 @pytest.mark.parametrize("strategy", gradsync.STRATEGIES)
 def test_gradient_accumulation_is_one_step_of_the_whole_batch(comm, strategy):
-    cfg = config(strategy=strategy, grad_accum=4)
-    ds = regression_set(comm)
+    cfg = train_config(strategy=strategy, grad_accum=4)
+    ds = regression_set(comm.size)
     trainer = distributed(comm, cfg, ds)
     trainer.train()
     torch.testing.assert_close(flat_params(trainer.model), reference(comm.size, cfg, ds), rtol=RTOL, atol=ATOL)
 
 
 def test_strategies_agree_with_each_other(comm):
-    ds = regression_set(comm)
+    ds = regression_set(comm.size)
     results = []
     for strategy in gradsync.STRATEGIES:
-        trainer = distributed(comm, config(strategy=strategy), ds)
+        trainer = distributed(comm, train_config(strategy=strategy), ds)
         trainer.train()
         results.append(flat_params(trainer.model))
     for other in results[1:]:
@@ -147,11 +111,13 @@ def test_resume_is_bit_exact(comm):
     # between ranks sharing /tmp.
     folder = comm.bcast_obj(tempfile.mkdtemp(prefix="mpi-sgd-resume-") if comm.is_root else None)
     path = os.path.join(folder, "ckpt.pt")
-    cfg = config(model="simplenet", optimizer="adam", lr=0.01, max_steps=8)
+    cfg = train_config(model="simplenet", optimizer="adam", lr=0.01, max_steps=8)
     whole = distributed(comm, cfg, ds)
     whole.train()
 
-    first = distributed(comm, config(model="simplenet", optimizer="adam", lr=0.01, max_steps=4, checkpoint=path), ds)
+    first = distributed(
+        comm, train_config(model="simplenet", optimizer="adam", lr=0.01, max_steps=4, checkpoint=path), ds
+    )
     first.train()
     second = distributed(comm, cfg, ds)
     second.load_checkpoint(path)
@@ -165,7 +131,7 @@ def test_resume_is_bit_exact(comm):
 
 
 def test_metrics_split_step_time(comm):
-    trainer = distributed(comm, config(), regression_set(comm))
+    trainer = distributed(comm, train_config(), regression_set(comm.size))
     metrics = trainer.train()
     assert len(trainer.t_comp) == len(trainer.t_sync) == STEPS
     assert all(t > 0 for t in trainer.t_comp) and all(t >= 0 for t in trainer.t_sync)

@@ -18,6 +18,7 @@ from mpi_sgd import comm as mpicomm
 from mpi_sgd import data, gradsync
 from mpi_sgd.config import TrainConfig
 from mpi_sgd.models import build_model
+from mpi_sgd.replicas import replicate
 from mpi_sgd.trainer import Trainer, make_optimizer
 
 pytestmark = pytest.mark.mpi
@@ -38,10 +39,9 @@ def blobs_split(comm):
 
 def run(comm, train, val, **kw) -> Trainer:
     cfg = TrainConfig(model="simplenet", dataset="blobs", batch_size=8, epochs=2, progress=False, dtype="float64", **kw)
-    torch.manual_seed(cfg.seed)
-    model = build_model(cfg.model, tuple(train.x.shape[1:]), train.num_outputs).double()
-    gradsync.broadcast_parameters(model, comm)
-    torch.manual_seed(cfg.seed + comm.rank)
+    model = replicate(
+        lambda: build_model(cfg.model, tuple(train.x.shape[1:]), train.num_outputs).double(), comm, cfg.seed
+    )
     sync = gradsync.make(cfg.strategy, model, comm, cfg.bucket_mb)
     trainer = Trainer(model, make_optimizer(cfg, model), sync, train, comm, cfg, val=val)
     trainer.train()

@@ -38,41 +38,18 @@ from mpi_sgd.comm.wrappers.counting import CountingComm
 from mpi_sgd.config import TrainConfig
 from mpi_sgd.models import build_model
 from mpi_sgd.perfmodel import memory as memmodel
+from mpi_sgd.replicas import replicate
 from mpi_sgd.trainer import Trainer, make_optimizer
+from tests.helpers import STEPS, B, assert_same_on_every_rank, regression_set, train_config
 
 pytestmark = pytest.mark.mpi
 
 RTOL = ATOL = 1e-12
-STEPS = 6
-B = 8
 
 
 @pytest.fixture(scope="module")
 def comm():
     return MPIComm(MPI.COMM_WORLD)
-
-
-def config(**kw) -> TrainConfig:
-    base = dict(
-        model="ffnet",
-        dataset="toy",
-        batch_size=B,
-        lr=0.05,
-        momentum=0.9,
-        dtype="float64",
-        max_steps=STEPS,
-        epochs=100,
-        progress=False,
-        bucket_mb=0.02,
-        seed=3,
-    )
-    base.update(kw)
-    return TrainConfig(**base)
-
-
-def regression_set(comm, size=None) -> data.Dataset:
-    # 3 global batches per epoch, so the steps cross an epoch boundary (a reshuffle)
-    return data.toy_regression(num_samples=3 * (size or comm.size) * B + 5, input_size=12, seed=1).to(torch.float64)
 
 
 class Tiny(nn.Module):
@@ -88,11 +65,11 @@ class Tiny(nn.Module):
 
 def build(comm, cfg: TrainConfig, ds: data.Dataset, stage: int, model=None) -> Trainer:
     """Plain data parallel (stage 0: bucketed all-reduce) or ZeRO ``stage``, in the same Trainer."""
-    torch.manual_seed(cfg.seed)
-    model = model() if model else build_model(cfg.model, tuple(ds.x.shape[1:]), ds.num_outputs)
-    model = model.double()
-    gradsync.broadcast_parameters(model, comm)
-    torch.manual_seed(cfg.seed + comm.rank)
+    model = replicate(
+        lambda: (model() if model else build_model(cfg.model, tuple(ds.x.shape[1:]), ds.num_outputs)).double(),
+        comm,
+        cfg.seed,
+    )
     if stage == 0:
         sync, optimizer = gradsync.make("bucketed", model, comm, cfg.bucket_mb), make_optimizer(cfg, model)
     else:
@@ -105,13 +82,6 @@ def params_of(trainer: Trainer) -> torch.Tensor:
     every = getattr(trainer.sync, "full_parameters", contextlib.nullcontext)
     with every():
         return torch.cat([p.detach().reshape(-1).clone() for p in trainer.model.parameters()])
-
-
-def assert_same_on_every_rank(comm, t: torch.Tensor) -> None:
-    everyone = torch.zeros(comm.size, t.numel(), dtype=t.dtype)
-    comm.allgather(t.contiguous(), everyone)
-    for r in range(comm.size):
-        assert torch.equal(everyone[r], everyone[0]), f"rank {r} drifted from rank 0"
 
 
 def assert_equal_to_plain(comm, got: torch.Tensor, want: torch.Tensor) -> None:
@@ -138,22 +108,22 @@ def train(comm, cfg, ds, stage, model=None) -> torch.Tensor:
 @pytest.mark.parametrize("optimizer", ["sgd", "adam"])
 @pytest.mark.parametrize("stage", zero.STAGES)
 def test_equals_plain_data_parallel(comm, stage, optimizer):
-    cfg = config(optimizer=optimizer, lr=0.01 if optimizer == "adam" else 0.05)
-    ds = regression_set(comm)
+    cfg = train_config(optimizer=optimizer, lr=0.01 if optimizer == "adam" else 0.05)
+    ds = regression_set(comm.size)
     assert_equal_to_plain(comm, train(comm, cfg, ds, stage), train(comm, cfg, ds, 0))
 
 
 @pytest.mark.parametrize("stage", zero.STAGES)
 def test_uneven_shards_and_a_unit_smaller_than_R(comm, stage):
-    cfg = config(optimizer="adam", lr=0.01)
-    ds = regression_set(comm)
+    cfg = train_config(optimizer="adam", lr=0.01)
+    ds = regression_set(comm.size)
     assert_equal_to_plain(comm, train(comm, cfg, ds, stage, Tiny), train(comm, cfg, ds, 0, Tiny))
 
 
 @pytest.mark.parametrize("stage", zero.STAGES)
 def test_gradient_accumulation(comm, stage):
-    cfg = config(grad_accum=4)
-    ds = regression_set(comm)
+    cfg = train_config(grad_accum=4)
+    ds = regression_set(comm.size)
     got, want = train(comm, cfg, ds, stage), train(comm, cfg, ds, 0)
     torch.testing.assert_close(got, want, rtol=RTOL, atol=ATOL)  # other order of sums (docstring)
     assert_same_on_every_rank(comm, got)
@@ -170,10 +140,12 @@ def test_resume_is_bit_exact(comm, stage):
     ds = data.blobs(num_samples=3 * comm.size * B + 3, input_size=16, num_classes=4, seed=2).to(torch.float64)
     folder = shared_folder(comm)
     path = os.path.join(folder, "ckpt.pt")
-    cfg = config(model="simplenet", optimizer="adam", lr=0.01, max_steps=6)
+    cfg = train_config(model="simplenet", optimizer="adam", lr=0.01, max_steps=6)
     whole = build(comm, cfg, ds, stage)
     whole.train()
-    first = build(comm, config(model="simplenet", optimizer="adam", lr=0.01, max_steps=4, checkpoint=path), ds, stage)
+    first = build(
+        comm, train_config(model="simplenet", optimizer="adam", lr=0.01, max_steps=4, checkpoint=path), ds, stage
+    )
     first.train()
     second = build(comm, cfg, ds, stage)
     second.load_checkpoint(path)
@@ -190,13 +162,15 @@ def test_resume_at_another_world_size_and_stage(comm):
     stages 1 and 2, each training exactly as plain data parallel resumed from it does."""
     folder = shared_folder(comm)
     path = os.path.join(folder, "ckpt.pt")
-    build(comm, config(optimizer="adam", lr=0.01, max_steps=3, checkpoint=path), regression_set(comm), 3).train()
+    build(
+        comm, train_config(optimizer="adam", lr=0.01, max_steps=3, checkpoint=path), regression_set(comm.size), 3
+    ).train()
     size = max(1, comm.size - 1)
     sub = comm.comm.Split(0 if comm.rank < size else MPI.UNDEFINED, comm.rank)
     if sub != MPI.COMM_NULL:
         small = MPIComm(sub)
-        cfg = config(optimizer="adam", lr=0.01, max_steps=STEPS)
-        ds = regression_set(small)
+        cfg = train_config(optimizer="adam", lr=0.01, max_steps=STEPS)
+        ds = regression_set(small.size)
         results = {}
         for stage in (0, 1, 2):
             trainer = build(small, cfg, ds, stage)
@@ -220,15 +194,15 @@ def per_unit(engine, f) -> int:
 def test_memory_and_communication_match_the_formulas(comm, stage):
     """Measured bytes per rank are the paper's formulas plus the padding, and the peak stays near them."""
     counting = CountingComm(comm)
-    cfg = config(optimizer="adam", lr=0.01, max_steps=2)
-    ds = regression_set(comm)
+    cfg = train_config(optimizer="adam", lr=0.01, max_steps=2)
+    ds = regression_set(comm.size)
     trainer = build(counting, cfg, ds, stage)
     engine = trainer.sync
     tracker = zero.track_memory(engine, trainer.model, trainer.optimizer)
     trainer.train()  # the first step creates Adam's state; the second is the one we look at
     tracker.reset()
     counting.reset()
-    trainer.cfg = config(optimizer="adam", lr=0.01, max_steps=3)
+    trainer.cfg = train_config(optimizer="adam", lr=0.01, max_steps=3)
     trainer.train()
     at_step, peak = tracker.last, tracker.peak  # last sample: after the parameter all-gather
     e, R, units = 8, comm.size, len(engine.units)  # float64 elements

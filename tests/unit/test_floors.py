@@ -20,7 +20,20 @@ FLOORS = (
     ("launch", "report", "args", "cluster"),  # where a process sits and on which hosts; results; flags
     ("comm",),  # the seam and its backends and wrappers
     # built on the seam, or pure
-    ("collectives", "timing", "data", "models", "checkpoint", "amp", "perfmodel", "guide", "nonfinite"),
+    (
+        "collectives",
+        "timing",
+        "data",
+        "models",
+        "checkpoint",
+        "amp",
+        "perfmodel",
+        "guide",
+        "nonfinite",
+        "buckets",
+        "bucketorder",
+        "replicas",
+    ),
     ("gradsync", "pipeline", "paramserver", "zero"),  # parallelism strategies
     ("config", "step", "trainer", "agree"),  # one step, the training loop, and what its ranks must agree on
     ("calibrate",),  # measuring the machine with the trainer's own step

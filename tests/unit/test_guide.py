@@ -69,48 +69,23 @@ def test_distribution_that_does_not_pay_is_called_out():
     assert "distribution does not pay" in why
 
 
+def which_strategy(*args: str) -> subprocess.CompletedProcess:
+    """examples/which_strategy.py with ``args``, as a user runs it: one process of its own."""
+    cmd = [sys.executable, str(ROOT / "examples" / "which_strategy.py"), *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=standalone_env())
+
+
 def test_calculator_prints_the_table_and_a_choice():
-    out = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "examples" / "which_strategy.py"),
-            "--params",
-            "1863690",
-            "--memory",
-            "1GiB",
-            "--network",
-            "10gbe",
-            "--ranks",
-            "8",
-            "--t-comp",
-            "0.01",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-        env=standalone_env(),
-    ).stdout
+    proc = which_strategy(
+        *("--params", "1863690", "--memory", "1GiB", "--network", "10gbe", "--ranks", "8", "--t-comp", "0.01")
+    )
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
     for strategy in guide.STRATEGIES:
         assert re.search(rf"^\|\s+{strategy} \|", out, re.MULTILINE), out
     assert out.strip().splitlines()[-1].startswith("use: data parallel:")
 
 
 def test_calculator_refuses_a_network_without_numbers():
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "examples" / "which_strategy.py"),
-            "--params",
-            "10",
-            "--memory",
-            "1GiB",
-            "--ranks",
-            "2",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=standalone_env(),
-    )
+    proc = which_strategy("--params", "10", "--memory", "1GiB", "--ranks", "2")
     assert proc.returncode == 2 and "give --network or --alpha and --beta" in proc.stderr

@@ -85,27 +85,22 @@ def test_a_gradient_nan_anywhere_reaches_element_0_of_what_is_sent(strategy):
     first = list(model.parameters())[0]
     # inf at the far end of one gradient, put there before it is accumulated (and, bucketed, sent)
     handle = first.register_hook(lambda g: torch.cat([g.reshape(-1)[:-1], g.new_full((1,), float("inf"))]).view_as(g))
-    sync.zero_grad()
-    sync.begin_step()
-    with sync.accumulate():
-        model(torch.randn(4, 6, dtype=torch.float64)).sum().backward()
-    sync.wait()
-    assert not sync.finite() and not sync.local_finite
+
+    def step(loss: float | None = None) -> tuple[bool, bool]:
+        """One checked step; (every rank's verdict, this rank's own) after it."""
+        sync.zero_grad()
+        sync.begin_step()
+        if loss is not None:
+            sync.note_loss(torch.tensor(loss))
+        with sync.accumulate():
+            model(torch.randn(4, 6, dtype=torch.float64)).sum().backward()
+        sync.wait()
+        return sync.finite(), sync.local_finite
+
+    assert step() == (False, False)
     handle.remove()
-    sync.zero_grad()
-    sync.begin_step()
-    sync.note_loss(torch.tensor(float("inf")))  # a non-finite loss with finite gradients: still refused
-    with sync.accumulate():
-        model(torch.randn(4, 6, dtype=torch.float64)).sum().backward()
-    sync.wait()
-    assert not sync.finite() and not sync.local_finite
-    sync.zero_grad()
-    sync.begin_step()
-    sync.note_loss(torch.tensor(1.0))
-    with sync.accumulate():
-        model(torch.randn(4, 6, dtype=torch.float64)).sum().backward()
-    sync.wait()
-    assert sync.finite() and sync.local_finite
+    assert step(float("inf")) == (False, False)  # a non-finite loss with finite gradients: still refused
+    assert step(1.0) == (True, True)
 
 
 @pytest.mark.parametrize(

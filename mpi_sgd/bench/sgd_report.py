@@ -1,0 +1,141 @@
+"""bench sgd's report: its table, its plot, and its verdicts, from the rows :mod:`.sgd` measured.
+
+A row is one variant of one model: ``model``, ``variant`` (the label, with the bucket size when
+sizes are swept), ``name`` and ``bucket_mb`` (the variant and its bucket size apart), the slowest
+rank's ``step_s`` and the spreads beside it (see :func:`mpi_sgd.bench.sgd.bench_model`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+
+import numpy as np
+
+from ..report import markdown_table, new_figure
+
+SHARED_TARGET = 1.10  # a step with shared buckets at most this much slower than one with no communication
+HEADERS = [
+    "model",
+    "variant",
+    "step ms",
+    "± std",
+    "comm ms",
+    "± std",
+    "comm frac",
+    "x DDP-gloo",
+    "x local",
+    "exposed ms",
+]
+EXPOSED_TARGET, STEP_TARGET = 0.35, 1.1  # ddp-mpi4py: exposed vs ddp-gloo's, step vs bucketed's
+
+
+def spread(samples) -> dict:
+    """Mean and standard deviation of per-step figures ([DDP-bench]'s avg/std columns)."""
+    a = np.asarray(samples, dtype=float)
+    if a.size == 0 or np.isnan(a).all():
+        return {"avg": float("nan"), "std": float("nan")}
+    return {"avg": float(a.mean()), "std": float(a.std(ddof=1)) if a.size > 1 else 0.0}
+
+
+def add_ratios(rows) -> list[dict]:
+    """Each row's step over ddp-gloo's and over local's, and ``exposed_s``, its step minus local's: the
+    communication it did not hide (the one measure every variant shares). NaN where the run lacks one."""
+    ref = {r["variant"]: r["step_s"] for r in rows}
+    for r in rows:
+        r["vs_ddp"] = r["step_s"] / ref["ddp-gloo"] if "ddp-gloo" in ref else float("nan")
+        r["vs_local"] = r["step_s"] / ref["local"] if "local" in ref else float("nan")
+        r["exposed_s"] = r["step_s"] - ref["local"] if "local" in ref else float("nan")
+    return rows
+
+
+def verdicts(rows, comm, shared: Collection[str]) -> list[str]:
+    """The shared-bucket target, per model: the best step of a variant named in ``shared`` (buckets
+    in node-shared memory) within SHARED_TARGET of the local one."""
+    out = []
+    for model in dict.fromkeys(r["model"] for r in rows):
+        mine = {r["variant"]: r["step_s"] for r in rows if r["model"] == model}
+        candidates = [r["variant"] for r in rows if r["model"] == model and r["name"] in shared]
+        if "local" not in mine or not candidates or comm.size < 2 or not comm.node_shared:
+            continue
+        best = min(candidates, key=mine.get)
+        ratio = mine[best] / mine["local"]
+        ok = "met" if ratio <= SHARED_TARGET else "NOT met"
+        out.append(f"target {model}: step with shared buckets <= {SHARED_TARGET:g}x local: {ok} ({best}: {ratio:.3f}x)")
+    return out
+
+
+def watchdog_costs(rows, watched: Mapping[str, str]) -> list[str]:
+    """'simplenet: bucketed / bucketed-no-watchdog = 1.004x per step' for each model (and bucket size):
+    each variant in ``watched`` (run without the stall watchdog) beside the one it names, its twin
+    with the watchdog, at the same bucket size."""
+    out = []
+    for bare in rows:
+        twin = watched.get(bare["name"])
+        r = next(
+            (r for r in rows if (r["model"], r["name"], r["bucket_mb"]) == (bare["model"], twin, bare["bucket_mb"])),
+            None,
+        )
+        if r is not None:
+            out.append(
+                f"{r['model']}: {r['variant']} / {bare['variant']} = {r['step_s'] / bare['step_s']:.3f}x per step"
+            )
+    return out
+
+
+def targets(rows) -> list[str]:
+    """ddp-mpi4py against its two targets, per model, where the run has what they need."""
+    lines = []
+    for model in dict.fromkeys(r["model"] for r in rows):
+        row = {r["variant"]: r for r in rows if r["model"] == model}
+        if not {"local", "bucketed", "ddp-gloo", "ddp-mpi4py"} <= row.keys():
+            continue
+        ours, gloo, bucketed = row["ddp-mpi4py"], row["ddp-gloo"], row["bucketed"]
+        exposed = ours["exposed_s"] / gloo["exposed_s"] if gloo["exposed_s"] > 0 else float("nan")
+        step = ours["step_s"] / bucketed["step_s"]
+        lines.append(
+            f"{model}: ddp-mpi4py exposes {1e3 * ours['exposed_s']:.2f} ms of communication, ddp-gloo "
+            f"{1e3 * gloo['exposed_s']:.2f} ms: {exposed:.2f}x (target <= {EXPOSED_TARGET}x: "
+            f"{'met' if exposed <= EXPOSED_TARGET else 'NOT met'}); ddp-mpi4py step {1e3 * ours['step_s']:.2f} ms, "
+            f"bucketed {1e3 * bucketed['step_s']:.2f} ms: {step:.2f}x (target <= {STEP_TARGET}x: "
+            f"{'met' if step <= STEP_TARGET else 'NOT met'})"
+        )
+    return lines
+
+
+def table(rows) -> str:
+    return markdown_table(
+        HEADERS,
+        [
+            [
+                r["model"],
+                r["variant"],
+                1e3 * r["step_s"],
+                1e3 * r["step_std_s"],
+                1e3 * r["comm_s"],
+                1e3 * r["comm_std_s"],
+                r["comm_frac"],
+                r["vs_ddp"],
+                r["vs_local"],
+                1e3 * r["exposed_s"],
+            ]
+            for r in rows
+        ],
+    )
+
+
+def plot(rows, path) -> None:
+    """Step time per variant, the part blocked in communication stacked at the bottom."""
+    fig, axes = new_figure(1, len({r["model"] for r in rows}), figsize=(11, 4), squeeze=False)
+    for ax, model in zip(axes[0], dict.fromkeys(r["model"] for r in rows), strict=False):
+        mine = [r for r in rows if r["model"] == model and r["variant"] != "comm-only"]
+        names = [r["variant"] for r in mine]
+        step = [1e3 * r["step_s"] for r in mine]
+        comm = [0.0 if r["comm_s"] != r["comm_s"] else 1e3 * r["comm_s"] for r in mine]
+        ax.bar(names, step, color="tab:blue", label="step")
+        ax.bar(names, comm, color="tab:orange", label="blocked in communication")
+        ax.set_title(model)
+        ax.set_ylabel("ms per step")
+        ax.tick_params(axis="x", rotation=45)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)

@@ -1,0 +1,150 @@
+"""The trainer's state in a checkpoint: what a run saves, and how another run resumes from it.
+
+A checkpoint of :class:`mpi_sgd.trainer.Trainer` holds the model and optimizer state (a sharded
+optimizer gathers its shards into the unsharded format first, so a checkpoint written at one
+world size or ZeRO stage loads at any other), the loop's position (epoch, step in the epoch,
+steps done), every rank's RNG state and the mixed-precision scaler's. Resuming at the same world
+size is bit-exact; at another one, training goes on correctly but not bit for bit (see
+:func:`resume`). A checkpoint that does not fit this run fails with one line naming the flags
+that differ (:func:`restore`).
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import asdict, dataclass
+
+import torch
+
+from .payload import load, serialize
+from .store import CheckpointError, save
+
+# What :func:`save_training` writes; a checkpoint lacking any of these is someone else's.
+TRAINER_KEYS = ("model", "optimizer", "epoch", "step_in_epoch", "step", "world_size", "rng")
+
+
+@dataclass(frozen=True)
+class Progress:
+    """Where the training loop stands: the epoch, steps done in it, and optimizer steps in all."""
+
+    epoch: int
+    step_in_epoch: int
+    step: int
+
+
+def save_training(directory: str, comm, model, optimizer, amp, cfg, progress: Progress) -> None:
+    """Checkpoint the run into ``directory`` (``--checkpoint``), keeping ``cfg.keep_checkpoints``.
+
+    A collective: every rank sends its RNG state to the root (dropout masks differ per rank, so a
+    resume is bit-exact only with all of them), and a sharded optimizer gathers its shards; then
+    the root writes.
+    """
+    mine = torch.get_rng_state()
+    rng = torch.zeros(comm.size, mine.numel(), dtype=torch.uint8) if comm.is_root else None
+    comm.gather(mine, rng)
+    full_state = getattr(optimizer, "full_state_dict", None)  # mpi_sgd.zero: a collective
+    model_state, optimizer_state = full_state() if full_state else (model.state_dict(), optimizer.state_dict())
+    if not comm.is_root:
+        return
+    # The parameters are the same on every rank; a non-finite state must never replace the last
+    # good checkpoint (training stops before one, unless the optimizer itself overflowed).
+    if not all(torch.isfinite(t).all() for t in model_state.values() if t.is_floating_point()):
+        print(
+            f"warning: not saving a checkpoint at step {progress.step}: the parameters are not finite; "
+            f"the last good checkpoint in {directory} stays",
+            file=sys.stderr,
+            flush=True,
+        )
+        return
+    state = {
+        "model": model_state,
+        "optimizer": optimizer_state,
+        "epoch": progress.epoch,
+        "step_in_epoch": progress.step_in_epoch,
+        "step": progress.step,
+        "world_size": comm.size,
+        "rng": rng,
+        "amp": amp.state_dict(),
+    }
+    meta = {"step": progress.step, "epoch": progress.epoch, "world_size": comm.size, "config": asdict(cfg)}
+    save(serialize(state), meta, directory, progress.step, cfg.keep_checkpoints)
+
+
+def resume(path: str, comm, model, optimizer, amp, cfg, auto: bool = False) -> tuple[str, Progress] | None:
+    """Load the checkpoint at ``path`` into ``model``, ``optimizer`` and ``amp`` on every rank, and
+    set this rank's RNG: the checkpoint used and where the loop stands; None if ``auto`` found none.
+
+    ``path`` as :func:`~mpi_sgd.checkpoint.load` takes it. Raises :class:`CheckpointError`, on
+    every rank alike, for one that cannot be read or fails its checksum, and one written for
+    another model or optimizer.
+    """
+    found = load(path, comm, auto=auto)
+    if found is None:
+        return None
+    state, meta, path = found
+    restore(state, model, optimizer, path, meta, asdict(cfg))
+    amp.load_state_dict(state.get("amp"))
+    progress = Progress(state["epoch"], state["step_in_epoch"], state["step"])
+    if state["world_size"] == comm.size:
+        torch.set_rng_state(state["rng"][comm.rank].clone())
+    else:
+        # A different world size: training goes on correctly but not bit for bit. Each rank gets a
+        # fresh dropout stream, and an epoch cut at the old R*B cannot be continued at the new one,
+        # so an interrupted epoch is left and the next one starts.
+        torch.manual_seed(cfg.seed + comm.rank + 1_000_003 * progress.step)
+        if progress.step_in_epoch:
+            progress = Progress(progress.epoch + 1, 0, progress.step)
+    return path, progress
+
+
+def restore(state, model, optimizer, path: str, meta: dict | None = None, config: dict | None = None) -> None:
+    """Load a trainer checkpoint's model and optimizer state, or say in one line why it does not fit.
+
+    ``meta`` (with the ``config`` the checkpoint was made with) and this run's ``config`` let the
+    message name the flags that differ.
+    """
+    missing = [k for k in TRAINER_KEYS if k not in state] if isinstance(state, dict) else list(TRAINER_KEYS)
+    if missing:
+        raise CheckpointError(f"{path!r} is not a checkpoint of mpi_sgd's trainer: it has no {', '.join(missing)}")
+    if meta is None:
+        raise CheckpointError(
+            f"{path!r} is a single file with no checksum to verify; checkpoints are directories written by "
+            "--checkpoint DIR (resume from DIR)"
+        )
+    differs = _differences((meta or {}).get("config") or {}, config or {})
+    saved = state["model"]
+    if hasattr(optimizer, "load_full_state_dict"):  # sharded (mpi_sgd.zero): each rank takes its shards
+        try:
+            optimizer.load_full_state_dict(saved, state["optimizer"])
+        except (ValueError, KeyError, IndexError, RuntimeError) as e:
+            raise CheckpointError(f"checkpoint {path!r} does not fit this model and optimizer{differs}: {e}") from None
+        return
+    mine = model.state_dict()
+    for name in sorted(saved.keys() | mine.keys()):
+        there = tuple(saved[name].shape) if name in saved else "absent"
+        here = tuple(mine[name].shape) if name in mine else "absent"
+        if there != here:
+            raise CheckpointError(
+                f"checkpoint {path!r} was written for another model: {name} is {there} there and {here} "
+                f"here{differs}; resume with the --model and --dataset it was trained with"
+            )
+    model.load_state_dict(saved)
+    # torch fills in group settings added by newer versions; a setting still missing after loading
+    # (betas for Adam, momentum for SGD) means the checkpoint's optimizer was another one.
+    wanted = optimizer.state_dict()["param_groups"][0].keys()
+    try:
+        optimizer.load_state_dict(state["optimizer"])
+        ok = wanted <= optimizer.state_dict()["param_groups"][0].keys()
+    except (ValueError, KeyError, IndexError):
+        ok = False
+    if not ok:
+        raise CheckpointError(
+            f"checkpoint {path!r} was written with another --optimizer{differs}; resume with the one it used"
+        )
+
+
+def _differences(then: dict, now: dict) -> str:
+    """' (made with --model ffnet, here mlp)': the model-shaping flags that differ, or ''."""
+    fields = ("model", "dataset", "dtype", "optimizer")
+    diff = [f"--{f} {then[f]}, here {now[f]}" for f in fields if f in then and f in now and then[f] != now[f]]
+    return f" (it was made with {'; '.join(diff)})" if diff else ""
