@@ -74,3 +74,19 @@ def standalone_env() -> dict[str, str]:
     """This environment without the enclosing MPI job's variables: a script started from a test
     then runs as a job of its own (rank 0 of 1), even under ``mpirun -n 2 pytest --with-mpi``."""
     return {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "OMPI_", "PMIX_", "HYDRA_"))}
+
+
+def textbook_ring(p: int) -> dict:
+    """Patarasuk & Yuan's schedule written out: in reduce-scatter step s rank r sends chunk r-s
+    holding ranks r, r-1, ..., r-s; in all-gather step s it sends the complete chunk r+1-s."""
+    steps = []
+    for s in range(p - 1):
+        sends = [
+            {"rank": r, "dest": (r + 1) % p, "chunk": (r - s) % p, "holds": sorted({(r - j) % p for j in range(s + 1)})}
+            for r in range(p)
+        ]
+        steps.append({"phase": "reduce-scatter", "step": s, "sends": sends})
+    for s in range(p - 1):
+        sends = [{"rank": r, "dest": (r + 1) % p, "chunk": (r + 1 - s) % p, "holds": list(range(p))} for r in range(p)]
+        steps.append({"phase": "all-gather", "step": s, "sends": sends})
+    return {"ranks": p, "steps": steps, "result": [[list(range(p))] * p for _ in range(p)]}

@@ -45,11 +45,11 @@ def _row(ax, bx, series: dict, ranks: int, title: str) -> None:
     for impl, (sizes, times) in series.items():
         floor = impl == "memcpy"
         style = dict(color="black", ls="--", marker=None) if floor else dict(marker="o", ms=3)
-        label = "memcpy, one process (floor)" if floor else impl
-        ax.loglog(sizes, [1e6 * t for t in times], label=label, **style)
+        label = "memcpy, one process" if floor else impl
+        ax.loglog(sizes, [1e6 * t for t in times], label=label + (" (floor)" if floor else ""), **style)
         if ranks > 1:
             bw = [bus_bandwidth(n, ranks, t) for n, t in zip(sizes, times, strict=True)]
-            bx.loglog(sizes, bw, label=label, **style)
+            bx.loglog(sizes, bw, label=label + (" (ceiling)" if floor else ""), **style)
     ax.set(xlabel="message size (bytes)", ylabel="time per call (us)", title=title)
     bx.set(xlabel="message size (bytes)", ylabel="bus bandwidth (GB/s)", title=title)
     from matplotlib.ticker import FuncFormatter, LogLocator
@@ -59,7 +59,11 @@ def _row(ax, bx, series: dict, ranks: int, title: str) -> None:
         a.xaxis.set_major_locator(LogLocator(base=4))
         a.xaxis.set_major_formatter(FuncFormatter(lambda v, _: human_bytes(int(v))))
         a.grid(True, which="major", alpha=0.3)
-        a.legend(fontsize=7)
+    ax.legend(fontsize=7)
+    if bx.get_lines():
+        bx.legend(fontsize=7)
+    else:  # nothing crosses between ranks, so there is no bus bandwidth to speak of
+        bx.text(0.5, 0.5, "one rank: nothing moves", ha="center", transform=bx.transAxes)
 
 
 def draw(allreduce: dict | None, shm: dict | None):

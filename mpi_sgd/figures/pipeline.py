@@ -14,40 +14,52 @@ host (ranks sharing cores wait for one).
 
 from __future__ import annotations
 
-from ..pipeline import ideal_bubble
+from ..pipeline import ideal_bubble, simulate
 from ..report import new_figure
 
 COLOURS = {"F": "tab:blue", "B": "tab:orange"}
 NAMES = {"gpipe": "GPipe", "1f1b": "1F1B"}
 
 
-def trace_bubble(trace: dict) -> tuple[float, int, int]:
-    """(bubble, stages, micro-batches) of one traced step."""
-    events = trace["traceEvents"]
-    stages = len({e["tid"] for e in events})
-    start = min(e["ts"] for e in events)
-    span = max(e["ts"] + e["dur"] for e in events) - start
-    busy = sum(e["dur"] for e in events)
-    m = len({e["args"]["micro_batch"] for e in events})
-    return 1 - busy / (stages * span), stages, m
+Box = tuple[int, str, int, float, float]  # stage, "F" or "B", micro-batch, start ms, ms
 
 
-def _lanes(ax, trace: dict, name: str) -> None:
+def traced_boxes(trace: dict) -> list[Box]:
+    """A bench pipeline trace as boxes, in ms from its first op."""
     events = trace["traceEvents"]
     t0 = min(e["ts"] for e in events)
-    bubble, R, m = trace_bubble(trace)
-    for e in events:
-        kind, mb = e["name"][0], e["args"]["micro_batch"]
-        start, width = (e["ts"] - t0) / 1e3, e["dur"] / 1e3
-        ax.broken_barh([(start, width)], (e["tid"] - 0.4, 0.8), facecolors=COLOURS[kind], edgecolors="black", lw=0.4)
-        ax.text(start + width / 2, e["tid"], f"{kind}{mb}", ha="center", va="center", fontsize=6, clip_on=True)
+    return [(e["tid"], e["name"][0], e["args"]["micro_batch"], (e["ts"] - t0) / 1e3, e["dur"] / 1e3) for e in events]
+
+
+def replayed_boxes(schedule: str, per_op_s: list[list[float]], m: int) -> list[Box]:
+    """``schedule`` on the ideal machine of :func:`mpi_sgd.pipeline.simulate` (free messages, a core
+    per stage) with each stage's measured (F, B) seconds per op."""
+    ops = simulate(schedule, len(per_op_s), m, [f for f, _ in per_op_s], [b for _, b in per_op_s])
+    return [(s, op.kind, op.mb, 1e3 * a, 1e3 * (b - a)) for s, stage in enumerate(ops) for op, a, b in stage]
+
+
+def boxes_bubble(boxes: list[Box]) -> tuple[float, int, int]:
+    """(bubble, stages, micro-batches): idle stage-time between the first op's start and the last's end."""
+    stages = len({b[0] for b in boxes})
+    span = max(b[3] + b[4] for b in boxes) - min(b[3] for b in boxes)
+    busy = sum(b[4] for b in boxes)
+    return 1 - busy / (stages * span), stages, len({b[2] for b in boxes})
+
+
+def trace_bubble(trace: dict) -> tuple[float, int, int]:
+    """(bubble, stages, micro-batches) of one traced step."""
+    return boxes_bubble(traced_boxes(trace))
+
+
+def _lanes(ax, boxes: list[Box], heading: str) -> None:
+    bubble, R, m = boxes_bubble(boxes)
+    for stage, kind, mb, start, width in boxes:
+        ax.broken_barh([(start, width)], (stage - 0.4, 0.8), facecolors=COLOURS[kind], edgecolors="black", lw=0.4)
+        ax.text(start + width / 2, stage, f"{kind}{mb}", ha="center", va="center", fontsize=6, clip_on=True)
     ax.set_yticks(range(R), [f"stage {s}" for s in range(R)], fontsize=8)
     ax.set_ylim(R - 0.5, -0.5)
-    ax.set_xlabel("ms from the step's first op", fontsize=8)
     ax.grid(True, axis="x", alpha=0.3)
-    formula = ideal_bubble(R, m)
-    heading = f"{NAMES.get(name, name)}, R = {R}, m = {m}: bubble {bubble:.2f} measured, {formula:.2f} by (R-1)/(m+R-1)"
-    ax.set_title(heading, fontsize=9)
+    ax.set_title(f"{heading}: bubble {bubble:.2f} (formula {ideal_bubble(R, m):.2f})", fontsize=9)
 
 
 def _bubbles(ax, result: dict) -> None:
@@ -76,14 +88,28 @@ def _bubbles(ax, result: dict) -> None:
 
 
 def draw(result: dict, traces: dict[str, dict]):
-    """Each schedule's traced step on the left, one lane per stage; the bubble against m on the right."""
-    n = len(traces)
-    fig, axes = new_figure(n, 2, figsize=(13, 2.4 + 1.6 * n), squeeze=False, gridspec_kw={"width_ratios": (2.2, 1)})
-    for ax, (name, trace) in zip(axes[:, 0], traces.items(), strict=True):
-        _lanes(ax, trace, name)
+    """Each schedule's traced step, and below it the same schedule replayed with the run's median
+    F and B times per stage, one lane per stage; the bubble against m on the right."""
+    panels = []
+    for name, trace in traces.items():
+        traced = traced_boxes(trace)
+        R, m_traced = boxes_bubble(traced)[1:]
+        title = f"{NAMES.get(name, name)}, R = {R}, m = {m_traced}"
+        panels.append((traced, f"{title}, as it ran"))
+        row = next((r for r in result["rows"] if r["schedule"] == name and r["m"] == m_traced), None)
+        if row is not None:  # the bench measured this m: replay its median ops
+            replay = replayed_boxes(name, row["per_op_s"], m_traced)
+            panels.append((replay, f"{title}, replayed: the run's median F and B per stage, free messages"))
+    n = len(panels)
+    fig, axes = new_figure(n, 2, figsize=(13, 1.2 + 1.45 * n), squeeze=False, gridspec_kw={"width_ratios": (2.2, 1)})
+    for ax, (boxes, heading) in zip(axes[:, 0], panels, strict=True):
+        _lanes(ax, boxes, heading)
+    axes[n - 1, 0].set_xlabel("ms from the step's first op", fontsize=8)
     for ax in axes[:, 1]:  # the right column becomes one panel spanning every row
         ax.remove()
     _bubbles(fig.add_subplot(axes[0, 0].get_gridspec()[:, 1]), result)
-    fig.suptitle("pipeline schedules as they ran: F = forward, B = backward of micro-batch i", fontsize=11)
+    fig.suptitle(
+        "pipeline schedules: F = forward, B = backward of micro-batch i; bubble = idle stage-time", fontsize=11
+    )
     fig.tight_layout()
     return fig

@@ -126,4 +126,7 @@ def save(fig, path: str | os.PathLike, provenance: Provenance) -> Path:
     else:
         fig.savefig(path, dpi=130, bbox_inches="tight")
     write_json(path.with_suffix(".json"), provenance.record())
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)  # drawn by pyplot's subplots: let it go, or a run of figures keeps them all
     return path

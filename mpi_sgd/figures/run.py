@@ -177,17 +177,18 @@ def command_line(name: str, args) -> str:
 
 def main(args) -> int:
     names = args.names or list(FIGURES)
-    if placement().size > 1:
-        args.parser.error("run as one process (mpi-sgd figures): it launches its own mpiexec jobs")
     if "timeline-bucketed" in names and not args.redraw and not args.script:
         args.parser.error("timeline-bucketed traces a training script: give --script, e.g. sync_sgd.py")
+    if args.redraw and args.script:
+        args.parser.error("--redraw runs no job, so --script would do nothing: leave one out")
     if args.script and not Path(args.script).is_file():
         args.parser.fail(f"--script {args.script}: no such file")
+    for name in names if args.redraw else ():
+        if not (Path(args.work_dir) / name / "provenance.json").is_file():
+            args.parser.fail(f"--redraw: no finished run of {name} in {args.work_dir}; run it without --redraw first")
+    if placement().size > 1:
+        args.parser.error("run as one process (mpi-sgd figures): it launches its own mpiexec jobs")
     out, failed = Path(args.out_dir), []
-    for name in names:
-        work = Path(args.work_dir) / name
-        if args.redraw and not (work / "provenance.json").is_file():
-            args.parser.fail(f"--redraw: no finished run of {name} in {work}; run it without --redraw first")
     for name in names:
         figure, work = FIGURES[name], Path(args.work_dir) / name
         print(f"== {figure.file}", flush=True)
