@@ -105,12 +105,14 @@ def draw(trace: dict, warmup: int, title: str = ""):
             )
             shown.add(label)
             if e["name"] not in COMPUTE:
-                ax.text(start + width, y + 0.4, f" {e['name'][len('allreduce') :]}", va="center", fontsize=7)
+                number = e["name"][len("allreduce") :].strip("[]")
+                ax.text(start + width, y + 0.4, f" bucket {number}", va="center", fontsize=7)
         flight, hidden = overlap(events)
         notes.append(f"rank {rank}: {hidden / max(flight, 1e-9):.0%} of all-reduce time under backward")
     ax.set_yticks(yticks, ylabels)
     ax.set_ylim(len(step) * (rows + 0.8) - 0.6, -0.4)
-    ax.set_xlabel(f"ms from the start of step {k}")
+    count = min(len(s) for s in steps.values())
+    ax.set_xlabel(f"ms from the start of step {k + 1} of {count} (the median-length one after {warmup} warm-up)")
     ax.grid(True, axis="x", alpha=0.3)
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=4, fontsize=8, frameon=False)
     heading = title or f"one bucketed training step, {len(step)} ranks, {len(buckets)} buckets"
