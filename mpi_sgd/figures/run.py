@@ -32,6 +32,8 @@ from ..timing import WARMUP_STEPS
 from . import allreduce, pipeline, ring, speedup, staleness, timeline, zero
 from .provenance import Provenance, save
 
+ASYNC = ("--ranks", "4", "--evaluations", "600", "--rounds", "1")
+VALIDATE = ("--ranks", "1,2", "--repeats", "1", "--max-steps", "12")
 SWEEP = ("--max-bytes", "16MiB", "--rounds", "5")  # both all-reduce sweeps
 TRAIN = ("--model", "mlp", "--dataset", "blobs", "--batch-size", "64", "--bucket-mb", "1", "--max-steps", "16")
 
@@ -42,28 +44,27 @@ class Job:
 
     ranks: int
     argv: tuple[str, ...]
-    env: tuple[tuple[str, str], ...] = ()
+    verdict: bool = False  # exit 1 is the benchmark's verdict on its figures, not a failed run
 
     def shown(self) -> str:
         """As a user would type it from the repository root, with no path of this machine."""
         words = ["mpi-sgd", *self.argv[2:]] if self.argv[:2] == ("-m", "mpi_sgd.cli") else ["python", *self.argv]
         launcher = ["mpiexec", "-n", str(self.ranks)] if self.ranks else []
-        return " ".join([*(f"{k}={v}" for k, v in self.env), *launcher, *map(shlex.quote, words)])
+        return " ".join([*launcher, *map(shlex.quote, words)])
 
     def run(self) -> None:
         if self.ranks:
             cmd, env = mpiexec_command(self.ranks, *self.argv)
         else:
             cmd, env = [sys.executable, *self.argv], dict(os.environ)
-        env.update(self.env)
         print(f"$ {self.shown()}", flush=True)
         done = subprocess.run(cmd, env=env, capture_output=True, text=True)
-        if done.returncode != 0:
+        if done.returncode not in ((0, 1) if self.verdict else (0,)):
             raise JobFailed(cmd, done.returncode, done.stdout + done.stderr)
 
 
-def _bench(*argv: str, ranks: int = 0) -> Job:
-    return Job(ranks, ("-m", "mpi_sgd.cli", "bench", *argv, "--no-plot"))
+def _bench(*argv: str, ranks: int = 0, verdict: bool = False) -> Job:
+    return Job(ranks, ("-m", "mpi_sgd.cli", "bench", *argv, "--no-plot"), verdict=verdict)
 
 
 def _json(path: Path) -> dict:
@@ -132,15 +133,14 @@ FIGURES = {
         Figure(
             "staleness",
             ".png",
-            lambda w, script: [
-                _bench("async", "--scenarios", "base,straggler", "--ranks", "4", "--rounds", "1", "--out-dir", str(w))
-            ],
+            lambda w, script: [_bench("async", "--scenarios", "base,straggler", *ASYNC, "--out-dir", str(w))],
             lambda w: staleness.draw(_json(w / "async.json")),
         ),
         Figure(
             "speedup",
             ".png",
-            lambda w, script: [_bench("validate", "--repeats", "1", "--max-steps", "12", "--out-dir", str(w))],
+            # validate exits 1 when the model calls the wrong side of break-even: the figure shows it
+            lambda w, script: [_bench("validate", *VALIDATE, "--out-dir", str(w), verdict=True)],
             lambda w: speedup.draw(_json(w / "validate.json")),
         ),
     )

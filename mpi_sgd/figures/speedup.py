@@ -78,5 +78,8 @@ def draw(result: dict):
     )
     ax.grid(True, which="major", alpha=0.3)
     ax.legend(fontsize=7, loc="upper left")
-    fig.tight_layout()
+    verdicts = result.get("verdicts", [])
+    fig.tight_layout(rect=(0, 0.025 * len(verdicts), 1, 1))
+    if verdicts:  # the validation's own judgement of these numbers, as it printed it
+        fig.text(0.01, 0.005, "bench validate: " + "\n".join(verdicts), fontsize=6.5, va="bottom", wrap=True)
     return fig

@@ -277,7 +277,8 @@ def _validate_result():
                 }
             )
     runs = {f"B={b}": [{"network": net, "grad_bytes": 8_000_000}] for b in (1, 512)}
-    return {"rows": rows, "repeats": [repeats], "runs": runs, "transport": "tcp"}
+    verdicts = ["met: |error| <= 10% at R = 1, 2", "MISSED: speedup < 1 exactly where predicted"]
+    return {"rows": rows, "repeats": [repeats], "runs": runs, "transport": "tcp", "verdicts": verdicts}
 
 
 def test_speedup_model_curve_is_the_perfmodel():
@@ -301,6 +302,7 @@ def test_speedup_figure_has_model_predictions_and_measurements():
     assert list(model.get_xdata()) == list(range(1, speedup.MAX_RANKS + 1))
     measured = [c for c in ax.containers if c.get_label() == "B=512: measured"][0]
     assert list(measured.lines[0].get_ydata()) == [1.0, 1.6, 2.5]
+    assert "MISSED: speedup < 1 exactly where predicted" in fig.texts[-1].get_text()  # its verdict, as printed
 
 
 # -- provenance ----------------------------------------------------------------------------------

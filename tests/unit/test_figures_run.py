@@ -116,3 +116,13 @@ def test_bad_requests_exit_2_before_any_job(argv, message, tmp_path, capsys, mon
     err = capsys.readouterr().err
     assert (message in err) if prints_usage_errors() else err == ""  # rank 0 speaks for all
     assert not list(tmp_path.iterdir())  # nothing launched, nothing written
+
+
+def test_a_benchmark_verdict_is_drawn_but_a_failed_run_is_not():
+    assert [j.verdict for f in run.FIGURES.values() for j in f.jobs(Path("w"), "s.py")].count(True) == 1
+    (validate,) = run.FIGURES["speedup"].jobs(Path("w"), None)
+    assert validate.verdict  # bench validate exits 1 for "the model called the wrong side": still a figure
+    run.Job(0, ("-c", "raise SystemExit(1)"), verdict=True).run()
+    for job in (run.Job(0, ("-c", "raise SystemExit(1)")), run.Job(0, ("-c", "raise SystemExit(2)"), verdict=True)):
+        with pytest.raises(run.JobFailed):
+            job.run()
