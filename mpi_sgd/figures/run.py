@@ -21,6 +21,7 @@ import argparse
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable
@@ -154,8 +155,10 @@ def draw(figure: Figure, work: Path, out: Path) -> Path:
 
 
 def make(figure: Figure, work: Path, out: Path, command: str, script: str | None) -> Path:
-    """Run ``figure``'s jobs into ``work``, keep their provenance there, then draw it."""
-    work.mkdir(parents=True, exist_ok=True)
+    """Run ``figure``'s jobs into an emptied ``work``, keep their provenance there, then draw it."""
+    # Emptied first: a job that fails to write its output must not leave the last run's to be drawn.
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
     jobs = figure.jobs(work, script)
     provenance = Provenance(figure.name, command, [j.shown() for j in jobs])
     for job in jobs:

@@ -126,3 +126,35 @@ def test_a_benchmark_verdict_is_drawn_but_a_failed_run_is_not():
     for job in (run.Job(0, ("-c", "raise SystemExit(1)")), run.Job(0, ("-c", "raise SystemExit(2)"), verdict=True)):
         with pytest.raises(run.JobFailed):
             job.run()
+
+
+def _toy(code: str) -> run.Figure:
+    """A figure whose one job runs ``code`` (given the work folder as argv[1]) and whose drawing
+    plots the numbers that job wrote to data.json."""
+    from mpi_sgd.report import new_figure
+
+    def draw(work: Path):
+        fig, ax = new_figure()
+        ax.plot(json.loads((work / "data.json").read_text()))
+        return fig
+
+    return run.Figure("toy", ".png", lambda w, script: [run.Job(0, ("-c", code, str(w)))], draw)
+
+
+def test_make_runs_the_jobs_then_draws_what_they_wrote(tmp_path):
+    write = "import json, sys, pathlib; (pathlib.Path(sys.argv[1]) / 'data.json').write_text(json.dumps([3, 1, 2]))"
+    path = run.make(_toy(write), tmp_path / "work", tmp_path / "out", "mpi-sgd figures toy", None)
+    assert path == tmp_path / "out" / "toy.png" and path.is_file()
+    side = json.loads(path.with_suffix(".json").read_text())
+    assert side["command"] == "mpi-sgd figures toy" and side["jobs"][0].startswith("python -c ")
+    assert side["seconds"] > 0 and side["load_after"] == side["load_after"]  # read after the jobs (not nan)
+    assert json.loads((tmp_path / "work" / "provenance.json").read_text())["jobs"] == side["jobs"]  # for --redraw
+
+
+def test_a_failed_job_draws_nothing_not_even_the_last_runs_data(tmp_path):
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "data.json").write_text("[1, 2]")  # a previous run's output
+    with pytest.raises(run.JobFailed):
+        run.make(_toy("raise SystemExit(3)"), work, tmp_path / "out", "mpi-sgd figures toy", None)
+    assert not (work / "data.json").exists() and not (tmp_path / "out").exists()
