@@ -143,14 +143,14 @@ def _grid(ax, state, p: int, cmap, received=(), arrows=(), title="") -> None:
             )
     # rank src sends chunk c to rank dst: one row down; the wrap from the last rank to rank 0 leaves
     # the grid at the bottom and comes back in at the top, as round a cylinder.
-    x = lambda c: c + 0.84  # noqa: E731  (right of the cell's text)
+    right = 0.84  # of the cell, clear of its text
     for src, dst, c in arrows:
         legs = [(src + 0.5, dst + 0.5)] if dst > src else [(src + 0.5, p + 0.4), (-0.4, dst + 0.5)]
         for y0, y1 in legs:
             ax.add_patch(
                 FancyArrowPatch(
-                    (x(c), y0),
-                    (x(c), y1),
+                    (c + right, y0),
+                    (c + right, y1),
                     connectionstyle="arc3,rad=-0.5" if dst > src else "arc3,rad=0",
                     arrowstyle="-|>",
                     mutation_scale=9,

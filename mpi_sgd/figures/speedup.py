@@ -39,7 +39,7 @@ def draw(result: dict):
 
     fig, ax = new_figure(figsize=(7.5, 5))
     batches = sorted({r["batch"] for r in result["rows"]})
-    top = 1.0
+    top = bottom = 1.0
     for b in batches:
         curve = model_curve(result, b)
         line = ax.plot(
@@ -60,14 +60,15 @@ def draw(result: dict):
         lo = [m - r["spread"]["meas_speedup"][0] for m, r in zip(mid, rows, strict=True)]
         hi = [r["spread"]["meas_speedup"][2] - m for m, r in zip(mid, rows, strict=True)]
         ax.errorbar(ranks, mid, yerr=[lo, hi], fmt="s", color=colour, capsize=3, label=f"B={b}: measured")
-        top = max(top, *mid, *(p.speedup for p in curve))
+        shown = [*mid, *(r["pred_speedup"] for r in rows), *(p.speedup for p in curve)]
+        top, bottom = max(top, *shown), min(bottom, *shown)
     ax.plot([1, MAX_RANKS], [1, MAX_RANKS], ":", color="grey", label="ideal, T_sync = 0")
     ax.axhline(1.0, color="tab:red", lw=1, label="break-even")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log", base=2)
     ticks = [2**i for i in range(MAX_RANKS.bit_length())]
     ax.set_xticks(ticks, [str(t) for t in ticks])
-    ax.set_ylim(min(0.1, *(r["meas_speedup"] for r in result["rows"])) / 1.5, 1.5 * top)
+    ax.set_ylim(bottom / 1.5, 1.5 * top)
     ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
     ax.set(xlabel="ranks R", ylabel="speedup over one rank (weak scaling)")
     net = result["runs"][f"B={batches[0]}"][0]
