@@ -84,7 +84,7 @@ class Provenance:
     def finish(self) -> None:
         """The jobs are done: read the load again and the time they took."""
         self.load_after = load_average()
-        self.seconds = round(time.perf_counter() - self._began, 1)
+        self.seconds = round(time.perf_counter() - self._began, 2)
 
     @property
     def under_load(self) -> bool:

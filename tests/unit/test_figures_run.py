@@ -142,12 +142,15 @@ def _toy(code: str) -> run.Figure:
 
 
 def test_make_runs_the_jobs_then_draws_what_they_wrote(tmp_path):
-    write = "import json, sys, pathlib; (pathlib.Path(sys.argv[1]) / 'data.json').write_text(json.dumps([3, 1, 2]))"
+    write = (
+        "import json, sys, pathlib, time; time.sleep(0.2); "
+        "(pathlib.Path(sys.argv[1]) / 'data.json').write_text(json.dumps([3, 1, 2]))"
+    )
     path = run.make(_toy(write), tmp_path / "work", tmp_path / "out", "mpi-sgd figures toy", None)
     assert path == tmp_path / "out" / "toy.png" and path.is_file()
     side = json.loads(path.with_suffix(".json").read_text())
     assert side["command"] == "mpi-sgd figures toy" and side["jobs"][0].startswith("python -c ")
-    assert side["seconds"] > 0 and side["load_after"] == side["load_after"]  # read after the jobs (not nan)
+    assert side["seconds"] >= 0.2 and side["load_after"] == side["load_after"]  # read after the jobs (not nan)
     assert json.loads((tmp_path / "work" / "provenance.json").read_text())["jobs"] == side["jobs"]  # for --redraw
 
 
