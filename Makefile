@@ -190,6 +190,15 @@ bench-shm: venv
 	$(MPIEXEC) -n $(NP) $(BIN)/mpi-sgd bench shm
 	$(MPIEXEC) -n $(NP) $(BIN)/mpi-sgd bench sgd --variants local,flat,bucketed,bucketed-mpi
 
+# The docs' figures, into docs/figures: small real runs of the benchmarks and of the trainer, each
+# figure drawn by mpi_sgd/figures with a sidecar NAME.json of its command, machine, date and load.
+# A few minutes; not part of make test (the drawing code's unit tests are). One figure alone:
+# mpi-sgd figures NAME (mpi-sgd figures --help lists them). Figures made by other commands join
+# the recipe as lines of their own: time-to-target.png, from the time-to-accuracy runs, goes last.
+.PHONY: figures
+figures: venv
+	$(BIN)/mpi-sgd figures --script examples/sync_sgd.py --out-dir docs/figures
+
 lint: venv
 	$(BIN)/ruff check mpi_sgd examples tests
 	$(BIN)/ruff format --check mpi_sgd examples tests

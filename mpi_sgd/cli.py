@@ -14,7 +14,7 @@ from .args import ArgumentParser
 
 # command -> the module that registers it. Only the command being run is imported: the
 # benchmarks import torch (seconds on a busy host), and `mpi-sgd doctor` must answer quickly.
-COMMANDS = {"bench": ".bench.cli", "doctor": ".cluster.doctor", "faults": ".faultmatrix"}
+COMMANDS = {"bench": ".bench.cli", "doctor": ".cluster.doctor", "faults": ".faultmatrix", "figures": ".figures.run"}
 
 
 def build_parser(only: str | None = None) -> ArgumentParser:

@@ -122,3 +122,19 @@ def assert_same_on_every_rank(comm, t: torch.Tensor) -> None:
     for r in range(comm.size):
         # Every rank applies the same update to the same averaged gradient: bit-identical.
         assert torch.equal(everyone[r], everyone[0]), f"rank {r} drifted from rank 0"
+
+
+def textbook_ring(p: int) -> dict:
+    """Patarasuk & Yuan's schedule written out: in reduce-scatter step s rank r sends chunk r-s
+    holding ranks r, r-1, ..., r-s; in all-gather step s it sends the complete chunk r+1-s."""
+    steps = []
+    for s in range(p - 1):
+        sends = [
+            {"rank": r, "dest": (r + 1) % p, "chunk": (r - s) % p, "holds": sorted({(r - j) % p for j in range(s + 1)})}
+            for r in range(p)
+        ]
+        steps.append({"phase": "reduce-scatter", "step": s, "sends": sends})
+    for s in range(p - 1):
+        sends = [{"rank": r, "dest": (r + 1) % p, "chunk": (r + 1 - s) % p, "holds": list(range(p))} for r in range(p)]
+        steps.append({"phase": "all-gather", "step": s, "sends": sends})
+    return {"ranks": p, "steps": steps, "result": [[list(range(p))] * p for _ in range(p)]}

@@ -37,7 +37,7 @@ FLOORS = (
     ("gradsync", "pipeline", "paramserver", "zero"),  # parallelism strategies
     ("config", "step", "trainer", "agree"),  # one step, the training loop, and what its ranks must agree on
     ("calibrate",),  # measuring the machine with the trainer's own step
-    ("bench", "faultmatrix"),  # benchmarks and the fault matrix: jobs started and measured
+    ("bench", "faultmatrix", "figures"),  # benchmarks, the fault matrix, the docs' figures: jobs started and measured
     ("cli",),  # the `mpi-sgd` entry point, the one module that may import bench
 )
 FLOOR = {unit: level for level, units in enumerate(FLOORS) for unit in units}
