@@ -78,13 +78,23 @@ class ArgumentParser(argparse.ArgumentParser):
 
 
 # -- declaring flags: dataclass fields ------------------------------------------------------------
-def flag(default, help: str, type=None, *, choices=None, metavar: str | None = None, names: tuple[str, ...] = ()):
+def flag(
+    default,
+    help: str,
+    type=None,
+    *,
+    choices=None,
+    metavar: str | None = None,
+    names: tuple[str, ...] = (),
+    required: bool = False,
+):
     """A dataclass field that is also the flag ``--name`` (and ``names``, e.g. ``("-f",)``).
 
     ``type`` parses the text (by default: from the default's type, :func:`integer` for ints,
-    on/off ``--x``/``--no-x`` for bools); ``choices`` limits it.
+    on/off ``--x``/``--no-x`` for bools); ``choices`` limits it. A ``required`` flag must be given
+    on the command line; ``default`` is then what the dataclass holds when built in code.
     """
-    meta = {"help": help, "type": type, "choices": choices, "metavar": metavar, "names": names}
+    meta = {"help": help, "type": type, "choices": choices, "metavar": metavar, "names": names, "required": required}
     if isinstance(default, list):  # a list default must be fresh for every instance
         return field(default_factory=lambda: list(default), metadata=meta)
     return field(default=default, metadata=meta)
@@ -106,8 +116,7 @@ def _default(f):
 def _add_flag(parser: argparse.ArgumentParser, f) -> None:
     meta, default = f.metadata, _default(f)
     names = (flag_name(f.name), *meta["names"])
-    shown = ",".join(map(str, default)) if isinstance(default, list | tuple) else default
-    help = f"{meta['help']} (default: {shown})"
+    help = meta["help"] if meta["required"] else f"{meta['help']} (default: {_shown(default, meta['type'])})"
     if meta["type"] is bool or isinstance(default, bool):
         parser.add_argument(*names, dest=f.name, action=argparse.BooleanOptionalAction, default=default, help=help)
         return
@@ -119,10 +128,21 @@ def _add_flag(parser: argparse.ArgumentParser, f) -> None:
         dest=f.name,
         type=kind,
         default=default,
+        required=meta["required"],
         choices=meta["choices"],
         help=help,
         metavar=meta["metavar"] or (None if meta["choices"] else f.name.upper()),
     )
+
+
+def _shown(default, kind) -> str:
+    """A default as a user would type it: lists comma-separated, sizes in binary units."""
+    if isinstance(default, list | tuple):
+        return ",".join(map(str, default))
+    if kind is nbytes and default:
+        exponent = max(e for e in range(5) if default % (1 << 10 * e) == 0)
+        return f"{default >> 10 * exponent}{('B', 'KiB', 'MiB', 'GiB', 'TiB')[exponent]}"
+    return str(default)
 
 
 # -- argparse ``type=`` functions: a bad value becomes the usage, the message and exit 2 ----------
@@ -228,6 +248,16 @@ def positive_floats(text: str) -> list[float]:
 def positive_ints(text: str) -> list[int]:
     """'8,16,16,4' -> [8, 16, 16, 4]: each at least 1, order and repeats kept."""
     return _listed(text, positive_int, "integers")
+
+
+def layer_widths(text: str) -> list[int]:
+    """'784,1024,10' -> [784, 1024, 10]: an MLP's widths, input to output, so at least two."""
+    widths = positive_ints(text)
+    if len(widths) < 2:
+        raise argparse.ArgumentTypeError(
+            f"an MLP needs at least an input and an output width, e.g. 784,1024,10; got {text!r}"
+        )
+    return widths
 
 
 def rank_list(text: str) -> list[int]:
