@@ -57,7 +57,7 @@ class ArgumentParser(argparse.ArgumentParser):
         sys.exit(2)
 
     def add_flags(self, cls, only: tuple[str, ...] | None = None, skip: tuple[str, ...] = ()) -> None:
-        """One ``--flag`` per field of the dataclass ``cls`` made with :func:`flag` (``only`` those, none of ``skip``)."""
+        """One ``--flag`` per :func:`flag` field of the dataclass ``cls`` (``only`` those, none of ``skip``)."""
         for f in flag_fields(cls):
             if (only is None or f.name in only) and f.name not in skip:
                 _add_flag(self, f)
@@ -77,6 +77,24 @@ class ArgumentParser(argparse.ArgumentParser):
         return self.build(cls, self.parse_args(argv), **given)
 
 
+def add_command(subparsers, name: str, flags, func, **kwargs) -> ArgumentParser:
+    """A sub-command ``name`` whose flags are the dataclass ``flags``; ``func(flags_instance)`` runs it."""
+    parser = subparsers.add_parser(name, **kwargs)
+    parser.add_flags(flags)
+    parser.set_defaults(func=func, flags=flags, parser=parser)
+    return parser
+
+
+def run_command(namespace: argparse.Namespace) -> int:
+    """Build the chosen sub-command's flags and run it; a :class:`UsageError` it raises before
+    communicating is one line and exit 2, like a value its flags refuse."""
+    parser = namespace.parser
+    try:
+        return int(namespace.func(parser.build(namespace.flags, namespace)) or 0)
+    except UsageError as e:
+        parser.fail(str(e))
+
+
 # -- declaring flags: dataclass fields ------------------------------------------------------------
 def flag(
     default,
@@ -87,14 +105,17 @@ def flag(
     metavar: str | None = None,
     names: tuple[str, ...] = (),
     required: bool = False,
+    rest: bool = False,
 ):
     """A dataclass field that is also the flag ``--name`` (and ``names``, e.g. ``("-f",)``).
 
     ``type`` parses the text (by default: from the default's type, :func:`integer` for ints,
     on/off ``--x``/``--no-x`` for bools); ``choices`` limits it. A ``required`` flag must be given
-    on the command line; ``default`` is then what the dataclass holds when built in code.
+    on the command line; ``default`` is then what the dataclass holds when built in code. A
+    ``rest`` field is no flag but the list of every argument after the others (a command to run).
     """
     meta = {"help": help, "type": type, "choices": choices, "metavar": metavar, "names": names, "required": required}
+    meta["rest"] = rest
     if isinstance(default, list):  # a list default must be fresh for every instance
         return field(default_factory=lambda: list(default), metadata=meta)
     return field(default=default, metadata=meta)
@@ -115,8 +136,13 @@ def _default(f):
 
 def _add_flag(parser: argparse.ArgumentParser, f) -> None:
     meta, default = f.metadata, _default(f)
+    if meta["rest"]:
+        parser.add_argument(f.name, nargs=argparse.REMAINDER, default=default, help=meta["help"])
+        return
     names = (flag_name(f.name), *meta["names"])
-    help = meta["help"] if meta["required"] else f"{meta['help']} (default: {_shown(default, meta['type'])})"
+    # A flag whose default is None says in its help what leaving it out means.
+    shown = meta["required"] or default is None
+    help = meta["help"] if shown else f"{meta['help']} (default: {_shown(default, meta['type'])})"
     if meta["type"] is bool or isinstance(default, bool):
         parser.add_argument(*names, dest=f.name, action=argparse.BooleanOptionalAction, default=default, help=help)
         return
@@ -138,7 +164,7 @@ def _add_flag(parser: argparse.ArgumentParser, f) -> None:
 def _shown(default, kind) -> str:
     """A default as a user would type it: lists comma-separated, sizes in binary units."""
     if isinstance(default, list | tuple):
-        return ",".join(map(str, default))
+        return ",".join("x".join(map(str, v)) if isinstance(v, tuple) else str(v) for v in default)
     if kind is nbytes and default:
         exponent = max(e for e in range(5) if default % (1 << 10 * e) == 0)
         return f"{default >> 10 * exponent}{('B', 'KiB', 'MiB', 'GiB', 'TiB')[exponent]}"
@@ -258,6 +284,20 @@ def layer_widths(text: str) -> list[int]:
             f"an MLP needs at least an input and an output width, e.g. 784,1024,10; got {text!r}"
         )
     return widths
+
+
+def depths_by_widths(text: str) -> list[tuple[int, int]]:
+    """'0x10,3x100' -> [(0, 10), (3, 100)]: MLPs as hidden layers x width, each width at least 1."""
+    specs = []
+    for part in text.split(","):
+        try:
+            layers, width = (int(v) for v in part.strip().lower().split("x"))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected LAYERSxWIDTH like 3x100, got {part!r}") from None
+        if layers < 0 or width < 1:
+            raise argparse.ArgumentTypeError(f"layers must be >= 0 and width >= 1, got {part!r}")
+        specs.append((layers, width))
+    return specs
 
 
 def rank_list(text: str) -> list[int]:
