@@ -29,6 +29,8 @@ from mpi_sgd.args import (
 from mpi_sgd.calibrate import Calibration, run_calibration
 from mpi_sgd.report import markdown_table
 
+MAX_BYTES = 16 << 20  # the calibration's largest all-reduce, above the MLP's 7.5 MB of gradients
+
 
 @dataclass(frozen=True)
 class Flags:
@@ -37,7 +39,7 @@ class Flags:
     calibration: Path | None = flag(None, "JSON written by --calibrate --save", Path)
     calibrate: bool = flag(False, "measure T_comp, α, β here (one process starts mpiexec -n 2)")
     save: Path | None = flag(None, "with --calibrate: write the calibration to this JSON file", Path)
-    max_bytes: int = flag(16 << 20, "with --calibrate: largest all-reduce", nbytes)
+    max_bytes: int = flag(MAX_BYTES, "with --calibrate: largest all-reduce", nbytes)
     layers: list | None = flag(None, "with --calibrate: MLP widths to time (default: --model mlp's)", layer_widths)
     alpha: float | None = flag(None, "latency per message, seconds", nonneg_float)
     beta: float | None = flag(None, "seconds per byte sent (1/bandwidth)", nonneg_float)
@@ -57,14 +59,25 @@ class Flags:
         measured, network = self.calibrate or self.calibration, self.alpha is not None or self.network
         if self.t_comp is None and not measured:
             raise ValueError("give --t-comp, --calibration FILE or --calibrate")
-        if (self.alpha is None) != (self.beta is None):
-            raise ValueError("--alpha and --beta go together")
+        if (self.alpha is None) != (self.beta is None) or (self.alpha is not None and self.network):
+            raise ValueError("give --network, or --alpha and --beta together")
         if self.t_sync is None and not (network or measured):
             raise ValueError("give --t-sync, --alpha/--beta, --network or a calibration")
         if self.t_sync is None and not (self.params or measured):
             raise ValueError("an α-β cost needs --params (the gradient size) unless a calibration supplies it")
         if self.scaling == "strong" and max(self.ranks) > self.batch_size:
             raise ValueError(f"strong scaling splits --batch-size {self.batch_size} over up to {max(self.ranks)} ranks")
+        # A flag whose value would go unused is refused, not ignored.
+        if self.t_sync is not None and (network or self.params or self.gamma or self.algorithm != "ring"):
+            raise ValueError(
+                "--t-sync is T_sync itself: --network, --alpha, --beta, --gamma, --params, --algorithm unused"
+            )
+        if self.gamma and self.alpha is None:
+            raise ValueError("--gamma goes with --alpha and --beta (a network or a calibration has its own)")
+        if self.calibrate and self.calibration or self.calibration and None not in (self.t_comp, self.t_sync):
+            raise ValueError("--calibration would go unused beside --calibrate, or beside --t-comp and --t-sync")
+        if not self.calibrate and (self.save or self.layers or self.max_bytes != MAX_BYTES):
+            raise ValueError("--save, --max-bytes and --layers go with --calibrate")
 
 
 parser = ArgumentParser(description=__doc__)

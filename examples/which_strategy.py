@@ -35,12 +35,12 @@ class Flags:
     boundary_bytes: int = flag(0, "pipeline: activation bytes per batch at a stage boundary", nbytes)
 
     def __post_init__(self):
-        if (self.alpha is None) != (self.beta is None):
-            raise ValueError("--alpha and --beta go together")
-        if self.network is None and self.alpha is None:
+        if (self.alpha is None) != (self.beta is None) or (self.network is None) == (self.alpha is None):
             raise ValueError("give --network or --alpha and --beta")
         if self.slowdown < 1:
             raise ValueError(f"--slowdown is the slowest rank's time over the others', at least 1; got {self.slowdown}")
+        if self.slowdown != 1 and self.t_comp is None:
+            raise ValueError("--slowdown scales --t-comp, which is not given")
 
 
 args = ArgumentParser(description=__doc__).parse_flags(Flags)

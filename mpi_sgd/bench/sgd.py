@@ -91,7 +91,7 @@ class Flags(Output):
 
     def __post_init__(self):
         ddp = [v for v in self.variants if v in DDP_BACKENDS]
-        if self.device != "cpu" and ddp:
+        if not self.device.startswith("cpu") and ddp:
             raise ValueError(
                 f"{', '.join(ddp)} run on the CPU (the mpi4py torch backend takes CPU tensors): "
                 "leave them out of --variants with --device cuda"

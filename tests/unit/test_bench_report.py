@@ -1,6 +1,5 @@
 """Benchmark plumbing that needs no processes: sizes, units, tables, bandwidth factors."""
 
-
 from mpi_sgd.bench.allreduce import bus_factor, sizes
 from mpi_sgd.report import human_bytes, markdown_table
 from mpi_sgd.timing import osu_iterations
