@@ -211,19 +211,19 @@ def integer(text: str) -> int:
     return _whole(text)
 
 
-def nonneg_int(text: str) -> int:
-    value = _whole(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+def _at_least(value, low, text: str, strictly: bool = False):
+    if value < low or strictly and value == low:
+        raise argparse.ArgumentTypeError(f"must be {'>' if strictly else '>='} {low}, got {text}")
     return value
+
+
+def nonneg_int(text: str) -> int:
+    return _at_least(_whole(text), 0, text)
 
 
 def positive_int(text: str) -> int:
     """A count of at least 1: '3', '60000', '60k', '25M', '25.6e6', '7.5B'."""
-    value = _whole(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {text}")
-    return value
+    return _at_least(_whole(text), 1, text)
 
 
 def nbytes(text: str) -> int:
@@ -246,17 +246,11 @@ def number(text: str) -> float:
 
 
 def nonneg_float(text: str) -> float:
-    value = number(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
-    return value
+    return _at_least(number(text), 0, text)
 
 
 def positive_float(text: str) -> float:
-    value = number(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
-    return value
+    return _at_least(number(text), 0, text, strictly=True)
 
 
 def _listed(text: str, parse, what: str) -> list:

@@ -331,6 +331,15 @@ PROBES |= {
 }
 
 TRAINER = "mpi_sgd.trainer.Trainer.train"
+SERVERS_OWN = dict(  # the parameter server's flags, and what each is set to in its probe
+    max_staleness=("2", 2),
+    lr_by_staleness=(None, True),
+    worker_timeout=("20", 20.0),
+    server_timeout=("9", 9.0),
+    heartbeat=("0.5", 0.5),
+    straggler_ms=("5", 5.0),
+    straggler_rank=("0", 0),
+)
 PROBES["examples/09_parameter_server.py"] = Entry(
     ["--epochs", "1"],
     {TRAINER: two_steps, SERVER: "stop", LOAD: "pass", "mpi_sgd.models.build_model": "pass"},
@@ -352,17 +361,7 @@ PROBES["examples/09_parameter_server.py"] = Entry(
         "--stall-abort": probe("--stall-abort 9", at("init", "stall_abort", 9.0)),
         "--progress": probe("--progress", at(TRAINER, "self.cfg.progress", True)),
         "--servers": probe("--servers 2", at(SERVER, "cfg.servers", 2), world=3),
-        **configs(
-            SERVER,
-            "cfg",
-            max_staleness=("2", 2),
-            lr_by_staleness=(None, True),
-            worker_timeout=("20", 20.0),
-            server_timeout=("9", 9.0),
-            heartbeat=("0.5", 0.5),
-            straggler_ms=("5", 5.0),
-            straggler_rank=("0", 0),
-        ),
+        **configs(SERVER, "cfg", **SERVERS_OWN),
     },
 )
 
@@ -584,14 +583,8 @@ PROBES["python -m mpi_sgd.paramserver"] = Entry(
             momentum=("0.5", 0.5),
             batch_size=("16", 16),
             evaluations=("50", 50),
-            max_staleness=("2", 2),
-            lr_by_staleness=(None, True),
-            worker_timeout=("20", 20.0),
-            server_timeout=("9", 9.0),
-            heartbeat=("0.5", 0.5),
-            straggler_ms=("5", 5.0),
-            straggler_rank=("0", 0),
             seed=("3", 3),
+            **SERVERS_OWN,
         ),
     },
 )
