@@ -31,14 +31,13 @@ from mpi_sgd.models import build_model
 from mpi_sgd.paramserver import AsyncConfig
 from mpi_sgd.trainer import Trainer, make_optimizer
 
-# The training flags both runs use (the synchronous run's all-reduce: --strategy, --bucket-mb),
-# and the server's own; learning rate, momentum, batch and seed come from the first.
-BOTH = ("model", "dataset", "epochs", "batch_size", "lr", "momentum", "seed", "dtype", "strategy", "bucket_mb")
-JOB = ("stall_timeout", "stall_abort", "progress")
-SERVER = ("servers", "max_staleness", "lr_by_staleness", "worker_timeout", "server_timeout", "heartbeat")
+# Of the trainer's flags, those these two runs use (--strategy and --bucket-mb: the synchronous
+# run's all-reduce); of the server's, all but those the first set (lr, momentum, batch, seed) and
+# the gradient count, which is the synchronous run's.
+TRAINING = ("model", "dataset", "epochs", "batch_size", "lr", "momentum", "seed", "dtype", "strategy", "bucket_mb")
 parser = ArgumentParser(description=__doc__)
-parser.add_flags(TrainConfig, only=BOTH + JOB)
-parser.add_flags(AsyncConfig, only=SERVER + ("straggler_ms", "straggler_rank"))
+parser.add_flags(TrainConfig, only=(*TRAINING, "stall_timeout", "stall_abort", "progress"))
+parser.add_flags(AsyncConfig, skip=("lr", "momentum", "batch_size", "seed", "evaluations", "snapshot_every"))
 parser.set_defaults(epochs=4, progress=False)
 args = parser.parse_args()
 

@@ -114,8 +114,7 @@ def flag(
     on the command line; ``default`` is then what the dataclass holds when built in code. A
     ``rest`` field is no flag but the list of every argument after the others (a command to run).
     """
-    meta = {"help": help, "type": type, "choices": choices, "metavar": metavar, "names": names, "required": required}
-    meta["rest"] = rest
+    meta = dict(help=help, type=type, choices=choices, metavar=metavar, names=names, required=required, rest=rest)
     if isinstance(default, list):  # a list default must be fresh for every instance
         return field(default_factory=lambda: list(default), metadata=meta)
     return field(default=default, metadata=meta)
