@@ -89,14 +89,6 @@ class Flags(Output):
     backend: str = flag("mpi4py", "communicator of the strategies and comm-only", choices=BACKENDS)
     device: str = flag("cpu", "cpu, or cuda: one GPU per local rank")
 
-    def __post_init__(self):
-        ddp = [v for v in self.variants if v in DDP_BACKENDS]
-        if not self.device.startswith("cpu") and ddp:
-            raise ValueError(
-                f"{', '.join(ddp)} run on the CPU (the mpi4py torch backend takes CPU tensors): "
-                "leave them out of --variants with --device cuda"
-            )
-
 
 def _step_fn(model, optimizer, sync, x, y, record, blocked: bool):
     """The trainer's step as a call to time; each call appends ``(step seconds, seconds blocked in
@@ -377,4 +369,10 @@ def _run(args: Flags) -> int:
         TrainConfig(backend=args.backend, device=args.device).check_machine(placement().size)
     except ValueError as e:
         raise UsageError(str(e)) from None
+    ddp = [v for v in args.variants if v in DDP_BACKENDS]
+    if not args.device.startswith("cpu") and ddp:  # the GPU is there: say what cannot use it
+        raise UsageError(
+            f"{', '.join(ddp)} run on the CPU (the mpi4py torch backend takes CPU tensors): "
+            "leave them out of --variants with --device cuda"
+        )
     return main(init(args.backend), args)
