@@ -121,7 +121,7 @@ test-gpu: venv
 	$(MPIEXEC) -n $$n $(PY) -m mpi4py -m pytest --with-mpi -x -q --timeout=$(TEST_TIMEOUT) tests/gpu/test_gpu_mpi.py
 
 examples: venv
-	@set -e; for f in examples/0*.py examples/sync_sgd.py; do \
+	@set -e; for f in examples/0*.py examples/sync_sgd.py examples/torch_ddp_over_mpi.py; do \
 	  echo "== $$f at mpiexec -n $(NP) =="; \
 	  $(MPIEXEC) -n $(NP) $(PY) $$f; \
 	done

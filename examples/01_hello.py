@@ -8,18 +8,18 @@ answer and prints them in order, so the output does not interleave.
 
 import os
 import socket
+from dataclasses import dataclass
 
-from mpi_sgd.args import ArgumentParser
+from mpi_sgd.args import ArgumentParser, flag
 from mpi_sgd.comm import BACKENDS, init
 
-parser = ArgumentParser(description=__doc__)
-parser.add_argument(
-    "--backend",
-    choices=BACKENDS,
-    default="mpi4py",
-    help="how ranks talk: mpi4py (default), local (one process, no MPI), gloo/mpi/nccl (torch.distributed)",
-)
-args = parser.parse_args()
+
+@dataclass(frozen=True)
+class Flags:
+    backend: str = flag("mpi4py", "how ranks talk: mpi4py, local (no MPI) or torch.distributed's", choices=BACKENDS)
+
+
+args = ArgumentParser(description=__doc__).parse_flags(Flags)
 
 comm = init(args.backend)
 

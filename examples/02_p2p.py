@@ -5,17 +5,21 @@ Every message names its peer and a tag; buffers are torch tensors that MPI reads
 place. Works at any world size, 1 included (a rank may message itself without blocking).
 """
 
+from dataclasses import dataclass
+
 import torch
 
-from mpi_sgd.args import ArgumentParser
+from mpi_sgd.args import ArgumentParser, flag, positive_int
 from mpi_sgd.comm import BACKENDS, init
 
-parser = ArgumentParser(description=__doc__)
-parser.add_argument("--length", type=int, default=4, help="elements per message (default 4)")
-parser.add_argument("--backend", choices=BACKENDS, default="mpi4py", help="communicator backend (default mpi4py)")
-args = parser.parse_args()
-if args.length < 1:
-    parser.error(f"--length must be at least 1, got {args.length}")
+
+@dataclass(frozen=True)
+class Flags:  # step 1's, and how long the messages are
+    backend: str = flag("mpi4py", "how ranks talk (see 01_hello.py)", choices=BACKENDS)
+    length: int = flag(4, "elements per message", positive_int)
+
+
+args = ArgumentParser(description=__doc__).parse_flags(Flags)
 
 comm = init(args.backend)
 rank, size = comm.rank, comm.size

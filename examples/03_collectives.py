@@ -10,14 +10,20 @@ holds 6 (at other sizes: 1 + 2 + ... + size). Each result is checked against the
 computed here in one process.
 """
 
+from dataclasses import dataclass
+
 import torch
 
-from mpi_sgd.args import ArgumentParser
+from mpi_sgd.args import ArgumentParser, flag
 from mpi_sgd.comm import BACKENDS, init
 
-parser = ArgumentParser(description=__doc__)
-parser.add_argument("--backend", choices=BACKENDS, default="mpi4py", help="communicator backend (default mpi4py)")
-args = parser.parse_args()
+
+@dataclass(frozen=True)
+class Flags:
+    backend: str = flag("mpi4py", "how ranks talk (see 01_hello.py)", choices=BACKENDS)
+
+
+args = ArgumentParser(description=__doc__).parse_flags(Flags)
 
 comm = init(args.backend)
 rank, size = comm.rank, comm.size

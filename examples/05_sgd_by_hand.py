@@ -13,21 +13,28 @@ Plain torch.optim.SGD then takes the same step on every rank. At the end every r
 same model as one process at batch R*B on the same samples, and the parameters must agree.
 """
 
+from dataclasses import dataclass
+
 import torch
 from torch.nn import functional as F
 
 from mpi_sgd import data
-from mpi_sgd.args import ArgumentParser, positive_float, positive_int
+from mpi_sgd.args import ArgumentParser, flag, integer, positive_float, positive_int
 from mpi_sgd.comm import init
 from mpi_sgd.launch import placement
 from mpi_sgd.models import build_model
 
+
+@dataclass(frozen=True)
+class Flags:
+    batch_size: int = flag(16, "B, samples per rank per step", positive_int)
+    epochs: int = flag(3, "passes over the dataset", positive_int)
+    lr: float = flag(0.05, "learning rate", positive_float)
+    seed: int = flag(0, "seed of the data order and of rank 0's model", integer)
+
+
 parser = ArgumentParser(description=__doc__)
-parser.add_argument("--batch-size", type=positive_int, default=16, help="B, samples per rank per step (default 16)")
-parser.add_argument("--epochs", type=positive_int, default=3, help="passes over the dataset (default 3)")
-parser.add_argument("--lr", type=positive_float, default=0.05, help="learning rate (default 0.05)")
-parser.add_argument("--seed", type=int, default=0, help="seed of the data order and of rank 0's model (default 0)")
-args = parser.parse_args()
+args = parser.parse_flags(Flags)
 
 # float64, so that the final check can be tight: the runs differ only in rounding.
 dataset = data.load("digits", args.seed).to(torch.float64)

@@ -1,5 +1,5 @@
 # mpiexec -n 3 python examples/07_zero.py
-"""Sharded data parallel (ZeRO stages 1, 2, 3): the same training as plain data parallel, less memory per rank.
+"""Step 7: sharded data parallel (ZeRO stages 1-3): step 6's training, less memory per rank.
 
 Plain data parallel keeps every parameter, gradient and optimizer state on every rank. ZeRO
 (Rajbhandari et al., SC 2020) shards them over the R ranks: stage 1 the optimizer state, stage 2
@@ -10,29 +10,31 @@ parameters come out equal, and prints the bytes each rank held beside the paper'
 """
 
 import contextlib
+from dataclasses import dataclass
 
 import torch
 from torch.nn import functional as F
 
 from mpi_sgd import comm as mpicomm
 from mpi_sgd import data, gradsync, zero
-from mpi_sgd.args import ArgumentParser, positive_int, positive_ints
+from mpi_sgd.args import ArgumentParser, flag, layer_widths, positive_int
 from mpi_sgd.config import TrainConfig
 from mpi_sgd.models import MLP
 from mpi_sgd.perfmodel import memory as memmodel
 from mpi_sgd.replicas import replicate
 from mpi_sgd.step import make_optimizer
 
-parser = ArgumentParser(description=__doc__)
-LAYERS = [256, 512, 512, 512, 512, 512, 512, 1]  # many equal layers: one layer's transient is a small part
-parser.add_argument("--layers", type=positive_ints, default=LAYERS, help="MLP widths (256,512,...,512,1)")
-parser.add_argument("--steps", type=positive_int, default=5, help="optimizer steps (5)")
-parser.add_argument("--batch-size", type=positive_int, default=16, help="samples per rank per step (16)")
-parser.add_argument("--optimizer", choices=("adam", "sgd"), default="adam", help="adam, or sgd with momentum")
-parser.add_argument("--backend", choices=mpicomm.BACKENDS, default="mpi4py", help="communicator (mpi4py)")
-args = parser.parse_args()
-if len(args.layers) < 2:
-    parser.error("--layers needs at least an input and an output width")
+
+@dataclass(frozen=True)
+class Flags:  # many equal layers by default: one layer's transient is a small part of the total
+    layers: list = flag([256, 512, 512, 512, 512, 512, 512, 1], "MLP widths", layer_widths)
+    steps: int = flag(5, "optimizer steps", positive_int)
+    batch_size: int = flag(16, "samples per rank per step", positive_int)
+    optimizer: str = flag("adam", "adam, or sgd with momentum", choices=("adam", "sgd"))
+    backend: str = flag("mpi4py", "communicator", choices=mpicomm.BACKENDS)
+
+
+args = ArgumentParser(description=__doc__).parse_flags(Flags)
 
 comm = mpicomm.init(args.backend)
 R, B = comm.size, args.batch_size

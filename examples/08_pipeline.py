@@ -18,32 +18,38 @@ mpi_sgd.pipeline; the full measurement: mpi-sgd bench pipeline.
 
 import copy
 import os
+from dataclasses import dataclass
 
 import torch
 from torch.nn import functional as F
 
-from mpi_sgd.args import ArgumentParser, positive_int
+from mpi_sgd.args import ArgumentParser, flag, positive_int
 from mpi_sgd.comm import init
 from mpi_sgd.launch import pin_threads, placement
 from mpi_sgd.models import MLP
 from mpi_sgd.pipeline import SCHEDULES, SPLITS, PipelineStage, cut, ideal_bubble, layers_of
 from mpi_sgd.report import write_json
 
+
+@dataclass(frozen=True)
+class Flags:
+    schedule: str = flag("1f1b", "pipeline schedule", choices=SCHEDULES)
+    micro_batches: int = flag(4, "m for the equality check", positive_int)
+    split: str = flag("layers", "how to cut the layers", choices=SPLITS)
+    steps: int = flag(3, "training steps checked", positive_int)
+    batch_size: int = flag(64, "samples per step", positive_int)
+    width: int = flag(256, "units per hidden layer", positive_int)
+    timeline: str | None = flag(None, "write one step at --micro-batches as a Chrome trace (Perfetto) here")
+
+    def __post_init__(self):  # the bubble table goes up to m = 8
+        if self.batch_size < (m := max(8, self.micro_batches)):
+            raise ValueError(f"--batch-size {self.batch_size} cannot be cut into {m} micro-batches: give at least {m}")
+
+
 parser = ArgumentParser(description=__doc__)
-parser.add_argument("--schedule", choices=SCHEDULES, default="1f1b", help="pipeline schedule (default 1f1b)")
-parser.add_argument("--micro-batches", type=positive_int, default=4, help="m for the equality check (default 4)")
-parser.add_argument("--split", choices=SPLITS, default="layers", help="how to cut the layers (default layers)")
-parser.add_argument("--steps", type=positive_int, default=3, help="training steps checked (default 3)")
-parser.add_argument("--batch-size", type=positive_int, default=64, help="samples per step (default 64)")
-parser.add_argument("--width", type=positive_int, default=256, help="units per hidden layer (default 256)")
-parser.add_argument("--timeline", metavar="PATH", help="write one step at --micro-batches as a Chrome trace (Perfetto)")
-args = parser.parse_args()
-# Six layers, so up to six stages. Both checks before any rank starts communicating.
-sizes = (32,) + (args.width,) * 5 + (10,)
-most_m = max(8, args.micro_batches)  # the bubble table goes up to m = 8
-if args.batch_size < most_m:
-    parser.error(f"--batch-size {args.batch_size} cannot be cut into {most_m} micro-batches: give at least {most_m}")
-if placement().size > len(sizes) - 1:
+args = parser.parse_flags(Flags)
+sizes = (32,) + (args.width,) * 5 + (10,)  # six layers, so up to six stages
+if placement().size > len(sizes) - 1:  # before any rank starts communicating
     parser.fail(
         f"this model has {len(sizes) - 1} layers, so at most {len(sizes) - 1} stages: run at most that many ranks"
     )

@@ -8,55 +8,81 @@ calibration measured on your machine, or from a network's α and β and your par
     mpiexec -n 4 python examples/speedup.py --calibrate                        # or measure at 4
     python examples/speedup.py --calibration results/calibration.json --ranks 1,2,4,8,16
     python examples/speedup.py --calibration results/calibration.json --network 10gbe
-    python examples/speedup.py --t-comp 0.008 --network ib100 --params 1863690 --ranks 1,2,4,8,64
+    python examples/speedup.py --t-comp 0.008 --network ib100 --params 1.86M --ranks 1,2,4,8,64
 """
 
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from mpi_sgd import perfmodel as pm
-from mpi_sgd.args import ArgumentParser, nbytes, nonneg_float, positive_float, positive_int, positive_ints, rank_list
+from mpi_sgd.args import (
+    ArgumentParser,
+    flag,
+    layer_widths,
+    nbytes,
+    nonneg_float,
+    positive_float,
+    positive_int,
+    rank_list,
+)
 from mpi_sgd.calibrate import Calibration, run_calibration
 from mpi_sgd.report import markdown_table
 
+MAX_BYTES = 16 << 20  # the calibration's largest all-reduce, above the MLP's 7.5 MB of gradients
+
+
+@dataclass(frozen=True)
+class Flags:
+    t_comp: float | None = flag(None, "seconds of forward+backward+step per batch, one rank", positive_float)
+    t_sync: float | None = flag(None, "seconds of gradient all-reduce per step at R > 1", nonneg_float)
+    calibration: Path | None = flag(None, "JSON written by --calibrate --save", Path)
+    calibrate: bool = flag(False, "measure T_comp, α, β here (one process starts mpiexec -n 2)")
+    save: Path | None = flag(None, "with --calibrate: write the calibration to this JSON file", Path)
+    max_bytes: int = flag(MAX_BYTES, "with --calibrate: largest all-reduce", nbytes)
+    layers: list | None = flag(None, "with --calibrate: MLP widths to time (default: --model mlp's)", layer_widths)
+    alpha: float | None = flag(None, "latency per message, seconds", nonneg_float)
+    beta: float | None = flag(None, "seconds per byte sent (1/bandwidth)", nonneg_float)
+    gamma: float = flag(0.0, "seconds per byte reduced", nonneg_float)
+    network: str | None = flag(None, "what-if: a typical network's α, β, γ", choices=sorted(pm.PRESETS))
+    params: int | None = flag(
+        None, "model parameters (float32 gradients), for α-β costs: 1863690, 25M, 7.5B", positive_int
+    )
+    algorithm: str = flag("ring", "all-reduce cost formula", choices=pm.ALLREDUCE_ALGORITHMS)
+    ranks: list = flag([1, 2, 4, 8], "R values", rank_list)
+    samples: int = flag(60_000, "N, samples per epoch", positive_int)
+    batch_size: int = flag(64, "B: per-rank (weak) or global (strong) batch", positive_int)
+    scaling: str = flag("weak", "weak: fixed per-rank B; strong: fixed global B", choices=pm.SCALINGS)
+    plot: Path | None = flag(None, "also draw speedup against R into this PNG, e.g. results/speedup.png", Path)
+
+    def __post_init__(self):  # every check that can fail, before a rank measures or communicates
+        measured, network = self.calibrate or self.calibration, self.alpha is not None or self.network
+        if self.t_comp is None and not measured:
+            raise ValueError("give --t-comp, --calibration FILE or --calibrate")
+        if (self.alpha is None) != (self.beta is None) or (self.alpha is not None and self.network):
+            raise ValueError("give --network, or --alpha and --beta together")
+        if self.t_sync is None and not (network or measured):
+            raise ValueError("give --t-sync, --alpha/--beta, --network or a calibration")
+        if self.t_sync is None and not (self.params or measured):
+            raise ValueError("an α-β cost needs --params (the gradient size) unless a calibration supplies it")
+        if self.scaling == "strong" and max(self.ranks) > self.batch_size:
+            raise ValueError(f"strong scaling splits --batch-size {self.batch_size} over up to {max(self.ranks)} ranks")
+        # A flag whose value would go unused is refused, not ignored.
+        if self.t_sync is not None and (network or self.params or self.gamma or self.algorithm != "ring"):
+            raise ValueError(
+                "--t-sync is T_sync itself: --network, --alpha, --beta, --gamma, --params, --algorithm unused"
+            )
+        if self.gamma and self.alpha is None:
+            raise ValueError("--gamma goes with --alpha and --beta (a network or a calibration has its own)")
+        if self.calibrate and self.calibration or self.calibration and None not in (self.t_comp, self.t_sync):
+            raise ValueError("--calibration would go unused beside --calibrate, or beside --t-comp and --t-sync")
+        if not self.calibrate and (self.save or self.layers or self.max_bytes != MAX_BYTES):
+            raise ValueError("--save, --max-bytes and --layers go with --calibrate")
+
+
 parser = ArgumentParser(description=__doc__)
-flag = parser.add_argument
-flag("--t-comp", type=positive_float, help="seconds of forward+backward+step per batch, one rank")
-flag("--t-sync", type=nonneg_float, help="seconds of gradient all-reduce per step at R > 1")
-flag("--calibration", type=Path, help="JSON written by --calibrate --save")
-flag("--calibrate", action="store_true", help="measure T_comp, α, β here (one process starts mpiexec -n 2)")
-flag("--save", type=Path, help="with --calibrate: write the calibration to this JSON file")
-flag("--max-bytes", type=nbytes, default=16 << 20, help="with --calibrate: largest all-reduce (16MiB)")
-flag("--layers", type=positive_ints, help="with --calibrate: MLP widths to time (default: --model mlp's)")
-flag("--alpha", type=nonneg_float, help="latency per message, seconds")
-flag("--beta", type=nonneg_float, help="seconds per byte sent (1/bandwidth)")
-flag("--gamma", type=nonneg_float, default=0.0, help="seconds per byte reduced (default 0)")
-flag("--network", choices=sorted(pm.PRESETS), help="what-if: a typical network's α, β, γ")
-flag("--params", type=positive_int, help="model parameters (float32 gradients), for α-β costs")
-flag("--algorithm", choices=pm.ALLREDUCE_ALGORITHMS, default="ring", help="all-reduce cost formula")
-flag("--ranks", type=rank_list, default=[1, 2, 4, 8], help="R values (default 1,2,4,8)")
-flag("--samples", type=positive_int, default=60_000, help="N, samples per epoch (default 60000)")
-flag("--batch-size", type=positive_int, default=64, help="B: per-rank (weak) or global (strong) batch (64)")
-flag("--scaling", choices=pm.SCALINGS, default="weak", help="weak: fixed per-rank B; strong: fixed global B")
-flag("--plot", type=Path, help="also draw speedup against R into this PNG, e.g. results/speedup.png")
-args = parser.parse_args()
-
-# Every check that can fail does so here, before a rank starts measuring or communicating.
-measured = args.calibrate or args.calibration
+args = parser.parse_flags(Flags)
 network_given = args.alpha is not None or args.network
-if args.t_comp is None and not measured:
-    parser.error("give --t-comp, --calibration FILE or --calibrate")
-if (args.alpha is None) != (args.beta is None):
-    parser.error("--alpha and --beta go together")
-if args.t_sync is None and not (network_given or measured):
-    parser.error("give --t-sync, --alpha/--beta, --network or a calibration")
-if args.t_sync is None and not (args.params or measured):
-    parser.error("an α-β cost needs --params (the gradient size) unless a calibration supplies it")
-if args.layers is not None and len(args.layers) < 2:
-    parser.error("--layers needs at least an input and an output width, e.g. 784,1024,10")
-if args.scaling == "strong" and max(args.ranks) > args.batch_size:
-    parser.error(f"strong scaling splits --batch-size {args.batch_size} over up to {max(args.ranks)} ranks")
-
 calib = None
 if args.calibrate:  # as one process, α and β are measured by an mpiexec -n 2 job it starts
     need_network = args.t_sync is None and not network_given

@@ -1,9 +1,10 @@
 # mpiexec -n 2 python examples/sync_sgd.py
-"""Synchronous SGD: R ranks, B samples each, one averaged gradient, the step of batch R*B.
+"""Step 6: synchronous SGD from the library, the trainer users run: step 5's loop, every option.
 
-Every rank holds a full replica of the model. Each step, each rank computes the gradient on its
-own B samples, the ranks average those gradients (naive, flat or bucketed all-reduce; see
-mpi_sgd/gradsync.py), and every rank applies the same update, so the replicas never drift apart.
+R ranks, B samples each, one averaged gradient, the step of batch R*B. Every rank holds a full
+replica of the model. Each step, each rank computes the gradient on its own B samples, the ranks
+average those gradients (naive, flat or bucketed all-reduce; see mpi_sgd/gradsync.py), and every
+rank applies the same update, so the replicas never drift apart.
 The same file runs as one process (`python examples/sync_sgd.py`) and on many hosts
 (`mpiexec -n 4 -hosts a,b python examples/sync_sgd.py`).
 
@@ -31,14 +32,12 @@ from mpi_sgd.report import write_json
 from mpi_sgd.trainer import Trainer, TrainingDiverged
 
 parser = ArgumentParser(description=__doc__)
-TrainConfig.add_arguments(parser)
-args = parser.parse_args()
+cfg = parser.parse_flags(TrainConfig)  # every field of TrainConfig is a flag
 
 # Everything that can be wrong with the input is found here, before MPI starts, identically on
 # every rank: each exits with status 2 and no rank waits for another in a collective.
 world = placement()
 try:
-    cfg = TrainConfig.from_args(args)
     cfg.check_machine(world.size)
     train, val = data.prepare(cfg.dataset, cfg.seed, cfg.val_fraction)  # val: held out, same on every rank
     data.check_size(len(train), world.size, cfg.batch_size)

@@ -7,37 +7,43 @@ whether that fits --memory, the bytes each rank sends per step and, given --t-co
 gradients per second; then the strategy to use and why. The formulas and their sources are in
 mpi_sgd/guide.py; the README's decision guide sets them beside what was measured here.
 
-  python examples/which_strategy.py --params 7000000000 --memory 40GiB --network ib100 --ranks 64 --optimizer adam
-  python examples/which_strategy.py --params 25000000 --memory 8GiB --network 1gbe --ranks 16 --t-comp .05 --slowdown 3
+  python examples/which_strategy.py --params 7B --memory 40GiB --network ib100 --ranks 64 --optimizer adam
+  python examples/which_strategy.py --params 25M --memory 8GiB --network 1gbe --ranks 16 --t-comp .05 --slowdown 3
 """
 
+from dataclasses import dataclass
+
 from mpi_sgd import guide
-from mpi_sgd.args import ArgumentParser, nbytes, nonneg_float, positive_float, positive_int
+from mpi_sgd.args import ArgumentParser, flag, nbytes, nonneg_float, positive_float, positive_int
 from mpi_sgd.perfmodel import PRESETS, Network
 from mpi_sgd.report import markdown_table
 
-parser = ArgumentParser(description=__doc__)
-flag = parser.add_argument
-flag("--params", type=positive_int, required=True, help="model parameters (float32)")
-flag("--memory", type=nbytes, required=True, help="memory per rank for model state, e.g. 16GiB")
-flag("--network", choices=sorted(PRESETS), help="a typical network's α and β")
-flag("--alpha", type=nonneg_float, help="or: latency per message, seconds ...")
-flag("--beta", type=nonneg_float, help="... and seconds per byte (1/bandwidth)")
-flag("--ranks", type=positive_int, required=True, help="R, ranks (processes, GPUs) in the job")
-flag("--optimizer", choices=sorted(guide.OPTIMIZER_STATE), default="momentum", help="optimizer state (momentum)")
-flag("--t-comp", type=positive_float, help="seconds of forward + backward per batch on one rank")
-flag("--slowdown", type=positive_float, default=1.0, help="the slowest rank's T_comp over the others' (1)")
-flag("--servers", type=positive_int, default=1, help="parameter-server ranks (1)")
-flag("--micro-batches", type=positive_int, default=8, help="pipeline micro-batches per batch (8)")
-flag("--boundary-bytes", type=nbytes, default=0, help="pipeline: activation bytes per batch at a stage boundary")
-args = parser.parse_args()
 
-if (args.alpha is None) != (args.beta is None):
-    parser.error("--alpha and --beta go together")
-if args.network is None and args.alpha is None:
-    parser.error("give --network or --alpha and --beta")
-if args.slowdown < 1:
-    parser.error(f"--slowdown is the slowest rank's time over the others', at least 1; got {args.slowdown}")
+@dataclass(frozen=True)
+class Flags:
+    params: int = flag(0, "model parameters (float32): 1863690, 25M, 25.6e6, 7B", positive_int, required=True)
+    memory: int = flag(0, "memory per rank for model state, e.g. 16GiB", nbytes, required=True)
+    ranks: int = flag(0, "R, ranks (processes, GPUs) in the job", positive_int, required=True)
+    network: str | None = flag(None, "a typical network's α and β", choices=sorted(PRESETS))
+    alpha: float | None = flag(None, "or: latency per message, seconds ...", nonneg_float)
+    beta: float | None = flag(None, "... and seconds per byte (1/bandwidth)", nonneg_float)
+    optimizer: str = flag("momentum", "optimizer state", choices=sorted(guide.OPTIMIZER_STATE))
+    t_comp: float | None = flag(None, "seconds of forward + backward per batch on one rank", positive_float)
+    slowdown: float = flag(1.0, "the slowest rank's T_comp over the others', at least 1", positive_float)
+    servers: int = flag(1, "parameter-server ranks", positive_int)
+    micro_batches: int = flag(8, "pipeline micro-batches per batch", positive_int)
+    boundary_bytes: int = flag(0, "pipeline: activation bytes per batch at a stage boundary", nbytes)
+
+    def __post_init__(self):
+        if (self.alpha is None) != (self.beta is None) or (self.network is None) == (self.alpha is None):
+            raise ValueError("give --network or --alpha and --beta")
+        if self.slowdown < 1:
+            raise ValueError(f"--slowdown is the slowest rank's time over the others', at least 1; got {self.slowdown}")
+        if self.slowdown != 1 and self.t_comp is None:
+            raise ValueError("--slowdown scales --t-comp, which is not given")
+
+
+args = ArgumentParser(description=__doc__).parse_flags(Flags)
 network = PRESETS[args.network] if args.network else Network(args.alpha, args.beta, 0.0, "given")
 problem = guide.Problem(
     args.params,

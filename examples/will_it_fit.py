@@ -10,41 +10,28 @@ in mpi_sgd/perfmodel/memory.py). Activations and buffers come on top of what is 
     python examples/will_it_fit.py --params 25M --optimizer momentum --memory 24GiB
 """
 
-from mpi_sgd.args import ArgumentParser, nbytes, rank_list
+from dataclasses import dataclass
+
+from mpi_sgd.args import ArgumentParser, flag, nbytes, positive_int, rank_list
 from mpi_sgd.perfmodel import memory as mm
 from mpi_sgd.report import markdown_table
 
-SUFFIX = {"K": 10**3, "M": 10**6, "B": 10**9, "G": 10**9, "T": 10**12}
+
+@dataclass(frozen=True)
+class Flags:
+    params: int = flag(7_500_000_000, "model parameters Ψ, e.g. 350M, 7.5B or 1.2e9", positive_int)
+    optimizer: str = flag("adam", "its state per parameter", choices=sorted(mm.OPTIMIZERS))
+    precision: str = flag(
+        "fp32",
+        "fp32: 4 B each; fp64; mixed: fp16 weights, gradients + fp32 master copy",
+        choices=sorted(mm.PRECISIONS),
+    )
+    ranks: list = flag([1, 8, 64], "data-parallel ranks R", rank_list)
+    memory: int = flag(80 << 30, "memory per rank for model states", nbytes)
 
 
-def parameter_count(text: str) -> int:
-    """'7.5B', '350M', '1.2e9' -> a number of parameters."""
-    scale = SUFFIX.get(text.strip()[-1:].upper(), 1)
-    try:
-        value = float(text.strip()[:-1] if scale > 1 else text)
-    except ValueError:
-        raise ValueError(f"not a parameter count: {text!r} (try 350M, 7.5B or 1.2e9)") from None
-    if not value > 0:
-        raise ValueError(f"the parameter count must be positive, got {text!r}")
-    return round(value * scale)
-
-
-parser = ArgumentParser(description=__doc__)
-parser.add_argument("--params", default="7.5B", help="model parameters, e.g. 350M, 7.5B (default 7.5B)")
-parser.add_argument("--optimizer", choices=sorted(mm.OPTIMIZERS), default="adam", help="its state per parameter (adam)")
-parser.add_argument(
-    "--precision",
-    choices=sorted(mm.PRECISIONS),
-    default="fp32",
-    help="fp32: 4 B each; fp64; mixed: fp16 weights, gradients + fp32 master copy (fp32)",
-)
-parser.add_argument("--ranks", type=rank_list, default=[1, 8, 64], help="data-parallel ranks R (1,8,64)")
-parser.add_argument("--memory", type=nbytes, default=80 << 30, help="memory per rank for model states (80GiB)")
-args = parser.parse_args()
-try:
-    psi = parameter_count(args.params)
-except ValueError as e:
-    parser.error(str(e))
+args = ArgumentParser(description=__doc__).parse_flags(Flags)
+psi = args.params
 
 GiB = 2**30
 p, g, k = mm.constants(args.optimizer, args.precision)

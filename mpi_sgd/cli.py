@@ -1,8 +1,9 @@
 """``mpi-sgd``: one entry point for the library's commands.
 
 Each command lives in the module that owns its concern and registers itself through an
-``add_parser(subparsers)`` function that sets ``func`` on its parser; this file only lists them.
-Usage errors exit 2 with the usage, as argparse does, before any communication starts.
+``add_parser(subparsers)`` function (:func:`mpi_sgd.args.add_command`: its flags a dataclass, its
+``func`` run with them); this file only lists them. Usage errors exit 2 with the usage, as argparse
+does, before any communication starts.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import importlib
 import sys
 
-from .args import ArgumentParser
+from .args import ArgumentParser, run_command
 
 # command -> the module that registers it. Only the command being run is imported: the
 # benchmarks import torch (seconds on a busy host), and `mpi-sgd doctor` must answer quickly.
@@ -29,8 +30,7 @@ def build_parser(only: str | None = None) -> ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     only = argv[0] if argv and argv[0] in COMMANDS else None
-    args = build_parser(only).parse_args(argv)
-    return int(args.func(args) or 0)
+    return run_command(build_parser(only).parse_args(argv))
 
 
 if __name__ == "__main__":

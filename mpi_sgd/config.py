@@ -1,18 +1,19 @@
 """The training configuration: one frozen dataclass, checked on construction, exposed as flags.
 
 Every rank parses the same command line and builds the same :class:`TrainConfig`, so a bad value
-fails identically everywhere *before* MPI starts; reported through :class:`mpi_sgd.args.ArgumentParser`,
-the root prints one message, every rank exits with status 2, and no rank waits in a collective.
+fails identically everywhere *before* MPI starts; reported through :class:`mpi_sgd.args.ArgumentParser`
+(``parser.parse_flags(TrainConfig)``, each field a ``--flag``), the root prints one message, every
+rank exits with status 2, and no rank waits in a collective.
 """
 
 from __future__ import annotations
 
-import argparse
 import math
 import os
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import dataclass
 
 from .amp import MODES as AMP_MODES
+from .args import flag as _flag
 from .checkpoint import check_writable, checkpoints
 from .comm import BACKENDS, TORCH_BACKENDS
 from .comm.wrappers.compress import DTYPES as COMPRESS_DTYPES
@@ -23,10 +24,6 @@ from .models import MODELS
 OPTIMIZERS = ("sgd", "adam")
 DTYPES = ("float32", "float64")
 NONFINITE = ("stop", "skip")
-
-
-def _flag(default, help: str, type=None):
-    return field(default=default, metadata={"help": help, "type": type})
 
 
 @dataclass(frozen=True)
@@ -190,20 +187,3 @@ class TrainConfig:
         # memory where the MPI library is not CUDA-aware (mpi_sgd.comm.gpu, mpi_sgd.comm.wrappers.staged).
         if self.backend == "local" and world_size > 1:
             raise ValueError(f"--backend local is one process, but this job has {world_size}; use mpi4py or gloo")
-
-    @classmethod
-    def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
-        """One ``--flag`` per field, with the field's help and default."""
-        for f in fields(cls):
-            flag = "--" + f.name.replace("_", "-")
-            default = None if f.default is MISSING else f.default
-            help = f"{f.metadata['help']} (default: {default})"
-            if isinstance(default, bool) or f.metadata["type"] is bool:
-                parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default, help=help)
-            else:
-                kind = f.metadata["type"] or type(default)
-                parser.add_argument(flag, type=kind, default=default, help=help, metavar=f.name.upper())
-
-    @classmethod
-    def from_args(cls, args: argparse.Namespace) -> TrainConfig:
-        return cls(**{f.name: getattr(args, f.name) for f in fields(cls)})

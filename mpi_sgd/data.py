@@ -30,11 +30,34 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+__all__ = [
+    "BUILTIN",
+    "Dataset",
+    "blobs",
+    "check_size",
+    "digits",
+    "from_file",
+    "global_batches",
+    "load",
+    "prepare",
+    "rank_batches",
+    "split",
+    "standardize_targets",
+    "toy_regression",
+]
+
 BUILTIN = ("digits", "blobs", "toy")
 
 
 @dataclass(frozen=True)
 class Dataset:
+    """Samples held in memory: ``x`` (N samples of any shape) and ``y``, named ``name``.
+
+    Integer ``y`` of shape ``(N,)`` are class indices (classification, cross-entropy); floating
+    ``y`` of shape ``(N, k)`` are regression targets (mean squared error). ``ds.x[idx]`` and
+    ``ds.y[idx]`` with the indices of :func:`rank_batches` are one rank's batch.
+    """
+
     x: torch.Tensor
     y: torch.Tensor
     name: str
@@ -81,7 +104,13 @@ def blobs(num_samples: int = 4096, input_size: int = 784, num_classes: int = 10,
 
 
 def digits() -> Dataset:
-    """scikit-learn's 1,797 handwritten 8x8 digits (UCI), scaled to [0, 1]; ships inside the wheel."""
+    """scikit-learn's 1,797 handwritten 8x8 digits (UCI), scaled to [0, 1]; ships inside the wheel.
+
+    ``x`` is float32 of shape ``(1797, 1, 8, 8)`` (one channel, as LeNet takes it), ``y`` the
+    int64 class indices 0..9; no download and no randomness, so every rank builds the same set.
+    Needs scikit-learn (``pip install 'mpi-sgd[digits]'``): ImportError without it, where
+    :func:`load` falls back to synthetic blobs of the same shape instead.
+    """
     from sklearn.datasets import load_digits
 
     bunch = load_digits()
@@ -243,5 +272,12 @@ def global_batches(n: int, world_size: int, batch_size: int, epoch: int, seed: i
 
 
 def rank_batches(n: int, rank: int, world_size: int, batch_size: int, epoch: int, seed: int) -> torch.Tensor:
-    """This rank's share of the epoch: ``(steps, B)`` sample indices."""
+    """This rank's share of the epoch: ``(steps, B)`` sample indices, ``steps = n // (R*B)``.
+
+    Row ``s`` is the ``B`` indices rank ``r`` trains on in step ``s``. Every rank calling it with
+    the same ``(n, R, B, epoch, seed)`` draws the same permutation of ``range(n)``, so the ranks'
+    rows of one step are disjoint, take the same number of steps, and together are exactly the
+    global batch one process would draw with ``rank_batches(n, 0, 1, R*B, epoch, seed)``.
+    ValueError if ``n < R*B`` (see :func:`check_size`).
+    """
     return global_batches(n, world_size, batch_size, epoch, seed)[:, rank]

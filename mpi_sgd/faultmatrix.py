@@ -24,7 +24,7 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 
-from .args import positive_float
+from .args import add_command, flag, positive_float
 from .launch import explain_death, mpiexec_command
 from .report import markdown_table
 
@@ -171,23 +171,29 @@ def run_drill(name: str, script: str, cwd: str | None = None) -> Outcome:
     return Outcome(Case(name, "", status="0"), 0 if ok else 1, seconds, bound, message[:160], ok and seconds <= bound)
 
 
+@dataclass(frozen=True)
+class Flags:
+    script: str = flag("", "the training script every case launches, e.g. sync_sgd.py", required=True)
+    stall_timeout: float = flag(3.0, "the jobs' --stall-timeout in seconds", positive_float)
+    only: str | None = flag(None, "run only the cases whose name contains this text (default: all)")
+    drills: bool = flag(True, "also run the checkpoint kill drills (a minute or so; --no-drills leaves them out)")
+
+
 def add_parser(subparsers) -> None:
-    p = subparsers.add_parser(
-        "faults", help="run the fault-injection matrix (start it as one process)", description=__doc__
+    add_command(
+        subparsers,
+        "faults",
+        Flags,
+        _run,
+        help="run the fault-injection matrix (start it as one process)",
+        description=__doc__,
     )
-    p.add_argument("--script", required=True, help="the training script every case launches, e.g. sync_sgd.py")
-    p.add_argument(
-        "--stall-timeout", type=positive_float, default=3.0, help="the jobs' --stall-timeout in seconds (default 3)"
-    )
-    p.add_argument("--only", default=None, help="run only the cases whose name contains this text")
-    p.add_argument("--no-drills", action="store_true", help="leave out the checkpoint kill drills (a minute or so)")
-    p.set_defaults(func=_run)
 
 
-def _run(args) -> int:
+def _run(args: Flags) -> int:
     cases = [c for c in CASES if args.only is None or args.only in c.name]
     outcomes = run(args.script, args.stall_timeout, cases)
-    for name in [] if args.no_drills else [d for d in DRILLS if args.only is None or args.only in d]:
+    for name in [d for d in DRILLS if args.only is None or args.only in d] if args.drills else []:
         outcomes.append(run_drill(name, args.script))
         print(f"{'pass' if outcomes[-1].passed else 'FAIL'}  {name}: {outcomes[-1].seconds:.1f} s", flush=True)
     print()

@@ -10,7 +10,10 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
+
+from .args import flag
 
 
 def human_bytes(n: int) -> str:
@@ -19,20 +22,6 @@ def human_bytes(n: int) -> str:
             return f"{n:g} {unit}"
         n /= 1024
     return f"{n:g} GiB"
-
-
-def parse_bytes(text: str) -> int:
-    """'64MiB', '1 GB', '4096' -> bytes (binary units; 'MB' is taken as MiB, as OSU does)."""
-    s = text.strip().upper().replace(" ", "").removesuffix("B").removesuffix("I")
-    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(s[-1:], 1)
-    digits = s[:-1] if scale > 1 else s
-    try:
-        value = float(digits)
-    except ValueError:
-        raise ValueError(f"not a size: {text!r} (try 4096, 64KiB, 16MiB, 1GiB)") from None
-    if value <= 0:
-        raise ValueError(f"size must be positive, got {text!r}")
-    return int(value * scale)
 
 
 def ranks_text(ranks: Sequence[int]) -> str:
@@ -66,16 +55,18 @@ def write_json(path: str | os.PathLike, payload: dict) -> Path:
     return path
 
 
-def add_output_arguments(parser) -> None:
-    """The flags every benchmark shares: where its JSON and PNG go."""
-    parser.add_argument("--out-dir", default="results", help="folder for the JSON and PNG (default results)")
-    parser.add_argument("--no-plot", action="store_true", help="skip the PNG")
+@dataclass(frozen=True)
+class Output:
+    """The flags every benchmark shares (its flags' dataclass derives from this): where its JSON and PNG go."""
+
+    out_dir: str = flag("results", "folder for the JSON and PNG")
+    plot: bool = flag(True, "draw the PNG (--no-plot: skip it)")
 
 
 def save_results(args, name: str, payload: dict, plot=None) -> Path:
     """Write ``<out-dir>/<name>.json`` and, unless ``--no-plot``, ``plot(png_path)`` beside it; say where."""
     out = write_json(Path(args.out_dir) / f"{name}.json", payload)
-    if plot is not None and not args.no_plot:
+    if plot is not None and args.plot:
         plot(out.with_suffix(".png"))
         print(f"\nwrote {out} and {out.with_suffix('.png')}")
     else:

@@ -17,17 +17,45 @@ optimal all-reduce must use, so busbw is comparable across world sizes.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
+from ..args import UsageError, add_command, choices_list, flag, nonneg_int, positive_int
+from ..args import nbytes as byte_size
 from ..collectives import ring_allreduce
 from ..comm import TORCH_BACKENDS, Communicator
 from ..comm.buffers import zeros
-from ..report import human_bytes, markdown_table, plot_by_size, save_results
+from ..report import Output, human_bytes, markdown_table, plot_by_size, save_results
 from ..timing import osu_iterations, time_interleaved
 
 IMPLS = ("raw", "seam", "seam-torchalloc", "ring", *TORCH_BACKENDS)
+
+
+@dataclass(frozen=True)
+class Flags(Output):
+    min_bytes: int = flag(4, "smallest message", byte_size)
+    max_bytes: int = flag(64 << 20, "largest message", byte_size)
+    impls: list = flag(
+        ["raw", "seam", "ring", "gloo"],
+        f"comma-separated implementations to time: {','.join(IMPLS)}",
+        choices_list(IMPLS, "implementation"),
+    )
+    iterations: int | None = flag(
+        None, "timed iterations per size (default: OSU's 1000 up to 8 KiB, 100 above)", positive_int
+    )
+    warmup: int | None = flag(None, "discarded iterations per size (default: OSU's 100/10)", nonneg_int)
+    rounds: int = flag(
+        8,
+        "interleaved blocks per implementation, the order rotating each round; each rank reports its median block",
+        positive_int,
+    )
+    detail: bool = flag(False, "also print min/avg/max and algbw/busbw per implementation")
+
+    def __post_init__(self):
+        if self.min_bytes > self.max_bytes:
+            raise ValueError(f"--min-bytes ({self.min_bytes}) is larger than --max-bytes ({self.max_bytes})")
 
 
 def sizes(min_bytes: int, max_bytes: int) -> list[int]:
@@ -163,7 +191,7 @@ def plot(rows, impls, path) -> None:
     plot_by_size(path, series, "all-reduce time (us)", f"all-reduce, {rows[0]['ranks']} ranks")
 
 
-def main(comm, args) -> int:
+def main(comm, args: Flags) -> int:
     impls = tuple(args.impls)
     rows = run(comm, impls, args.min_bytes, args.max_bytes, args.iterations, args.warmup, args.rounds)
     if comm.is_root:
@@ -181,3 +209,29 @@ def main(comm, args) -> int:
             lambda png: plot(rows, impls, png),
         )
     return 0
+
+
+def _run(args: Flags) -> int:
+    from ..comm import init
+    from ..comm.backends.torch_dist import backend_available
+    from ..comm.wrappers.watchdog import without_watchdog
+
+    missing = [i for i in args.impls if i in TORCH_BACKENDS and not backend_available(i)]
+    if missing:  # decided identically on every rank, before any communication
+        raise UsageError(f"torch.distributed backend(s) not available in this torch: {', '.join(missing)}")
+    # The seam's own cost per call is the question here, not the stall watchdog's (bench sgd times that)
+    return main(without_watchdog(init("mpi4py")), args)
+
+
+def add_parser(kinds) -> None:
+    """``mpi-sgd bench allreduce``: register on the ``bench`` command's sub-parsers."""
+    add_command(
+        kinds,
+        "allreduce",
+        Flags,
+        _run,
+        help="all-reduce sweep: seam vs raw mpi4py vs ring vs torch.distributed",
+        description="Time all-reduce at power-of-two sizes, OSU style, implementations interleaved: the seam "
+        "on torch tensors (seam), raw mpi4py Allreduce on numpy (raw), the ring built from send/recv (ring), "
+        "torch.distributed gloo/nccl. Prints seam/raw and the seam's per-call overhead; writes JSON and PNG.",
+    )

@@ -28,18 +28,18 @@ core at the moment: a straggler of its own kind, and one synchronous SGD waits f
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from ..args import choices_list, positive_float, positive_int, rank_list
+from ..args import UsageError, add_command, choices_list, flag, integer, positive_float, positive_int, rank_list
 from ..launch import placement, run_job
-from ..report import add_output_arguments, markdown_table, new_figure, save_results, write_json
+from ..report import Output, markdown_table, new_figure, save_results, write_json
 
 SCENARIOS = {  # name: (model, batch, evaluations, ranks or None for --ranks, straggler?)
     "base": ("simplenet", 32, 1200, None, False),
@@ -49,6 +49,21 @@ SCENARIOS = {  # name: (model, batch, evaluations, ranks or None for --ranks, st
 SHOULD = {"straggler": "async faster", "comm": "async slower"}
 SNAPSHOTS = 20
 HEADERS = ("scenario", "R", "sync s", "async s", "async/sync time", "sync loss", "async loss", "mean tau", "max tau")
+
+
+@dataclass(frozen=True)
+class Flags(Output):
+    scenarios: list = flag(list(SCENARIOS), "comma-separated scenarios", choices_list(SCENARIOS, "scenario"))
+    ranks: list = flag([2, 3, 4], "world sizes for 'base'; each >= 2", rank_list)
+    evaluations: int | None = flag(None, "gradients per run (default: base 1200, others 600)", positive_int)
+    lr: float = flag(0.1, "synchronous learning rate; async gets lr/R", positive_float)
+    straggler_ms: float = flag(50.0, "the straggler's sleep per gradient", positive_float)
+    rounds: int = flag(2, "runs of each, alternating which goes first", positive_int)
+    seed: int = flag(0, "seed for the data and the initial model", integer)
+
+    def __post_init__(self):
+        if min(self.ranks) < 2:
+            raise ValueError(f"--ranks: a parameter server needs a server and a worker, so R >= 2; got {self.ranks}")
 
 
 # -- one job: this world, one scenario ----------------------------------------------------------
@@ -204,12 +219,10 @@ def plot(results: list[dict], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
-def main(args) -> int:
-    if min(args.ranks) < 2:
-        args.parser.error(f"--ranks: a parameter server needs a server and a worker, so R >= 2; got {args.ranks}")
+def main(args: Flags) -> int:
     if placement().size > 1:
         if len(args.scenarios) != 1:
-            args.parser.error("under mpiexec, name one scenario: --scenarios base, straggler or comm")
+            raise UsageError("under mpiexec, name one scenario: --scenarios base, straggler or comm")
         return job(args)
     jobs = [(s, r) for s in args.scenarios for r in ([SCENARIOS[s][3]] if SCENARIOS[s][3] else args.ranks)]
     passed = [
@@ -255,23 +268,11 @@ def main(args) -> int:
 
 
 def add_parser(subparsers) -> None:
-    p = subparsers.add_parser(
+    add_command(
+        subparsers,
         "async",
+        Flags,
+        main,
         help="asynchronous (parameter server) vs synchronous SGD, same gradients",
         description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument(
-        "--scenarios",
-        type=choices_list(SCENARIOS, "scenario"),
-        default=list(SCENARIOS),
-        help="base,straggler,comm (all)",
-    )
-    p.add_argument("--ranks", type=rank_list, default=[2, 3, 4], help="world sizes for 'base' (2,3,4); each >= 2")
-    p.add_argument("--evaluations", type=positive_int, help="gradients per run (default: base 1200, others 600)")
-    p.add_argument("--lr", type=positive_float, default=0.1, help="synchronous learning rate; async gets lr/R (0.1)")
-    p.add_argument("--straggler-ms", type=positive_float, default=50.0, help="the straggler's sleep per gradient (50)")
-    p.add_argument("--rounds", type=positive_int, default=2, help="runs of each, alternating which goes first (2)")
-    p.add_argument("--seed", type=int, default=0, help="seed for the data and the initial model (0)")
-    add_output_arguments(p)
-    p.set_defaults(func=main, parser=p)

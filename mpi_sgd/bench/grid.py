@@ -20,29 +20,26 @@ intra-op threads spin against other jobs and slow small steps tenfold.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
+from dataclasses import dataclass, replace
 
-from ..args import positive_int, rank_list
-from ..report import add_output_arguments, markdown_table, new_figure, save_results
+from ..args import add_command, depths_by_widths, flag, positive_int, rank_list
+from ..report import Output, markdown_table, new_figure, save_results
 from ..timing import WARMUP_STEPS
 
 INPUTS = 100
 
 
-def model_spec(text: str) -> list[tuple[int, int]]:
-    """'0x10,3x100' -> [(0, 10), (3, 100)]: hidden layers x width."""
-    specs = []
-    for part in text.split(","):
-        try:
-            layers, width = (int(v) for v in part.strip().lower().split("x"))
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected LAYERSxWIDTH like 3x100, got {part!r}") from None
-        if layers < 0 or width < 1:
-            raise argparse.ArgumentTypeError(f"layers must be >= 0 and width >= 1, got {part!r}")
-        specs.append((layers, width))
-    return specs
+@dataclass(frozen=True)
+class Flags(Output):
+    models: list = flag([(0, 10), (3, 100), (3, 400)], "LAYERSxWIDTH list", depths_by_widths)
+    samples: list = flag([16384, 131072], "samples per epoch", rank_list)
+    batch_size: int = flag(32, "batch size, as in the seed", positive_int)
+    epochs: int = flag(1, "epochs per run", positive_int)
+    repeats: int = flag(3, "runs per cell; the median is reported", positive_int)
+    threads: int = flag(1, "torch intra-op threads", positive_int)
+    tiny: bool = flag(False, "two tiny models on 256 and 2048 samples, one run each (in place of the three above)")
 
 
 def train_seconds(layers: int, width: int, samples: int, batch: int, epochs: int, repeats: int) -> tuple[float, int]:
@@ -113,12 +110,12 @@ def plot(rows, path) -> None:
     fig.savefig(path, dpi=120)
 
 
-def main(args) -> int:
+def main(args: Flags) -> int:
     import torch
 
     torch.set_num_threads(args.threads)
     if args.tiny:
-        args.models, args.samples, args.repeats = [(0, 10), (2, 64)], [256, 2048], 1
+        args = replace(args, models=[(0, 10), (2, 64)], samples=[256, 2048], repeats=1)
     rows = run(args.models, args.samples, args.batch_size, args.epochs, args.repeats)
     print(
         f"# training time: one process, {args.threads} thread(s), batch {args.batch_size}, {args.epochs} epoch(s), "
@@ -131,19 +128,11 @@ def main(args) -> int:
 
 
 def add_parser(subparsers) -> None:
-    p = subparsers.add_parser(
+    add_command(
+        subparsers,
         "grid",
+        Flags,
+        main,
         help="[DDP-scaling]: training time over model size x data size (one process)",
         description=__doc__,
     )
-    p.add_argument(
-        "--models", type=model_spec, default=[(0, 10), (3, 100), (3, 400)], help="LAYERSxWIDTH list (0x10,3x100,3x400)"
-    )
-    p.add_argument("--samples", type=rank_list, default=[16384, 131072], help="samples per epoch (16384,131072)")
-    p.add_argument("--batch-size", type=positive_int, default=32, help="batch size (default 32, as in the seed)")
-    p.add_argument("--epochs", type=positive_int, default=1, help="epochs per run (default 1)")
-    p.add_argument("--repeats", type=positive_int, default=3, help="runs per cell; the median is reported (3)")
-    p.add_argument("--threads", type=positive_int, default=1, help="torch intra-op threads (default 1)")
-    p.add_argument("--tiny", action="store_true", help="two tiny models on 256 and 2048 samples, one run each")
-    add_output_arguments(p)
-    p.set_defaults(func=main, parser=p)

@@ -37,24 +37,43 @@ written as a Chrome trace (``pipeline-timeline-<schedule>-n<R>.json``, open in u
 
 from __future__ import annotations
 
-import argparse
 import statistics
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 from torch.nn import functional as F
 
-from ..args import choices_list, positive_int, positive_ints
+from ..args import UsageError, add_command, choices_list, flag, nonneg_int, positive_int, positive_ints
 from ..config import TrainConfig
 from ..gradsync import LocalGradients
 from ..models import MLP
 from ..pipeline import SCHEDULES, SPLITS, PipelineStage, cut, ideal_bubble, peak_in_flight, simulate
 from ..pipeline.schedule import bubble
-from ..report import add_output_arguments, markdown_table, new_figure, save_results, write_json
+from ..report import Output, markdown_table, new_figure, save_results, write_json
 from ..step import make_optimizer, train_step
 from ..timing import time_interleaved
 
 OPTIMIZER = TrainConfig(optimizer="sgd", lr=1e-3, momentum=0.9)  # the pipeline's and the unsplit model's
+
+
+@dataclass(frozen=True)
+class Flags(Output):
+    width: int = flag(256, "units per hidden layer", positive_int)
+    depth: int = flag(12, "hidden layers of --width units", positive_int)
+    batch_size: int = flag(512, "samples per step", positive_int)
+    micro_batches: list = flag([1, 2, 4, 8], "comma-separated micro-batch counts m", positive_ints)
+    schedules: list = flag(list(SCHEDULES), "comma-separated schedules", choices_list(SCHEDULES, "schedule"))
+    split: str = flag("params", "how to cut the layers", choices=SPLITS)
+    steps: int = flag(4, "timed steps per block", positive_int)
+    rounds: int = flag(3, "interleaved blocks per variant", positive_int)
+    warmup: int = flag(2, "discarded steps per variant", nonneg_int)
+    timeline_m: int = flag(4, "micro-batches of the traced step", positive_int)
+    seed: int = flag(0, "seed for the model and data")
+
+    def __post_init__(self):
+        if max(self.micro_batches + [self.timeline_m]) > self.batch_size:
+            raise ValueError(f"--batch-size {self.batch_size} is smaller than the largest m")
 
 
 def _model(args) -> MLP:
@@ -224,7 +243,7 @@ def main(comm, args) -> int:
     payload = {
         "world_size": R,
         "threads": threads,
-        "config": {k: v for k, v in vars(args).items() if k not in ("func", "parser")},
+        "config": asdict(args),
         **timing,
         "memory": mem,
     }
@@ -234,46 +253,21 @@ def main(comm, args) -> int:
 
 def add_parser(kinds) -> None:
     """``mpi-sgd bench pipeline``: register on the ``bench`` command's sub-parsers."""
-    p = kinds.add_parser(
+    add_command(
+        kinds,
         "pipeline",
+        Flags,
+        _run,
         help="pipeline step time, bubble vs (R-1)/(m+R-1), activation memory, timeline: GPipe vs 1F1B",
         description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--width", type=positive_int, default=256, help="units per hidden layer (default 256)")
-    p.add_argument("--depth", type=positive_int, default=12, help="hidden layers of --width units (default 12)")
-    p.add_argument("--batch-size", type=positive_int, default=512, help="samples per step (default 512)")
-    p.add_argument(
-        "--micro-batches",
-        type=positive_ints,
-        default=[1, 2, 4, 8],
-        help="comma-separated micro-batch counts m (default 1,2,4,8)",
-    )
-    p.add_argument(
-        "--schedules",
-        type=choices_list(SCHEDULES, "schedule"),
-        default=list(SCHEDULES),
-        help=f"comma-separated schedules: {','.join(SCHEDULES)} (default both)",
-    )
-    p.add_argument("--split", choices=SPLITS, default="params", help="how to cut the layers (default params)")
-    p.add_argument("--steps", type=positive_int, default=4, help="timed steps per block (default 4)")
-    p.add_argument("--rounds", type=positive_int, default=3, help="interleaved blocks per variant (default 3)")
-    p.add_argument("--warmup", type=int, default=2, help="discarded steps per variant (default 2)")
-    p.add_argument("--timeline-m", type=positive_int, default=4, help="micro-batches of the traced step (default 4)")
-    p.add_argument("--seed", type=int, default=0, help="seed for the model and data (default 0)")
-    add_output_arguments(p)
-    p.set_defaults(func=_run, parser=p)
 
 
-def _run(args) -> int:
+def _run(args: Flags) -> int:
     from ..comm import init
     from ..launch import placement
 
-    if args.warmup < 0:
-        args.parser.error("--warmup must be 0 or more")
     ranks = placement().size
     if args.depth + 1 < ranks:
-        args.parser.fail(f"{args.depth + 1} layers cannot be cut into {ranks} stages: raise --depth or run fewer ranks")
-    if max(args.micro_batches + [args.timeline_m]) > args.batch_size:
-        args.parser.error(f"--batch-size {args.batch_size} is smaller than the largest m")
+        raise UsageError(f"{args.depth + 1} layers cannot be cut into {ranks} stages: raise --depth or run fewer ranks")
     return main(init("mpi4py"), args)

@@ -50,7 +50,7 @@ from dataclasses import dataclass
 import torch
 
 from .. import gradsync
-from ..args import positive_floats
+from ..args import UsageError, add_command, choices_list, flag, nonneg_int, positive_floats, positive_int
 from ..comm import BACKENDS
 from ..comm.buffers import zeros
 from ..comm.wrappers.watchdog import without_watchdog
@@ -58,7 +58,7 @@ from ..config import TrainConfig
 from ..launch import placement
 from ..models import BENCHMARK_MLP, build_model
 from ..replicas import replicate
-from ..report import add_output_arguments, save_results
+from ..report import Output, save_results
 from ..step import make_optimizer, train_step
 from ..timing import WARMUP_STEPS, time_interleaved
 from .sgd_report import add_ratios, plot, spread, table, targets, verdicts, watchdog_costs
@@ -104,6 +104,26 @@ TABLE = {
 }
 VARIANTS = tuple(n for n, v in TABLE.items() if not v.optional)  # the default --variants
 OPTIONAL = tuple(n for n, v in TABLE.items() if v.optional)
+
+
+@dataclass(frozen=True)
+class Flags(Output):
+    models: list = flag(list(MODELS), "comma-separated models to time", choices_list(MODELS, "model"))
+    variants: list = flag(
+        list(VARIANTS),
+        f"comma-separated variants, of {','.join(VARIANTS + OPTIONAL)}; {' and '.join(OPTIONAL)} only when named",
+        choices_list(VARIANTS + OPTIONAL, "variant"),
+    )
+    batch_size: int = flag(64, "samples per rank per step", positive_int)
+    bucket_mb: list = flag(
+        [1.0], "bucket size for 'bucketed' in MB; a comma-separated list sweeps it, e.g. 0.25,1,4,16", positive_floats
+    )
+    rounds: int = flag(5, "interleaved blocks per variant", positive_int)
+    steps_per_round: int = flag(20, "timed steps per block", positive_int)
+    warmup: int = flag(WARMUP_STEPS, "discarded steps per variant", nonneg_int)
+    seed: int = flag(0, "seed for models and data")
+    backend: str = flag("mpi4py", "communicator of the strategies and comm-only", choices=BACKENDS)
+    device: str = flag("cpu", "cpu, or cuda: one GPU per local rank")
 
 
 def _step_fn(model, optimizer, sync, x, y, record, blocked: bool):
@@ -192,7 +212,7 @@ def bench_model(comm, name: str, args, ddp_groups: dict | None = None, device=No
     return add_ratios(rows)
 
 
-def main(comm, args) -> int:
+def main(comm, args: Flags) -> int:
     from ..comm.backends.torch_dist import TorchDistComm
     from ..comm.gpu import local_device
     from ..launch import pin_threads
@@ -236,62 +256,26 @@ def main(comm, args) -> int:
 
 def add_parser(kinds) -> None:
     """``mpi-sgd bench sgd``: register on the ``bench`` command's sub-parsers."""
-    p = kinds.add_parser(
+    add_command(
+        kinds,
         "sgd",
+        Flags,
+        _run,
         help="training step time: naive/flat/bucketed vs DDP over gloo and over mpi4py vs no communication",
         description=__doc__,
     )
-    p.add_argument(
-        "--models",
-        type=lambda s: s.split(","),
-        default=list(MODELS),
-        help=f"comma-separated models to time: {','.join(MODELS)} (default all)",
-    )
-    p.add_argument(
-        "--variants",
-        type=lambda s: s.split(","),
-        default=list(VARIANTS),
-        help=f"comma-separated variants: {','.join(VARIANTS + OPTIONAL)} (default: all but {','.join(OPTIONAL)})",
-    )
-    p.add_argument("--batch-size", type=int, default=64, help="samples per rank per step (default 64)")
-    p.add_argument(
-        "--bucket-mb",
-        type=positive_floats,
-        default=[1.0],
-        help="bucket size for 'bucketed' in MB; a comma-separated list sweeps it, e.g. 0.25,1,4,16 (default 1)",
-    )
-    p.add_argument("--rounds", type=int, default=5, help="interleaved blocks per variant (default 5)")
-    p.add_argument("--steps-per-round", type=int, default=20, help="timed steps per block (default 20)")
-    p.add_argument(
-        "--warmup", type=int, default=WARMUP_STEPS, help=f"discarded steps per variant (default {WARMUP_STEPS})"
-    )
-    p.add_argument("--seed", type=int, default=0, help="seed for models and data (default 0)")
-    p.add_argument(
-        "--backend",
-        default="mpi4py",
-        choices=BACKENDS,
-        help="communicator of the strategies and comm-only (default mpi4py)",
-    )
-    p.add_argument("--device", default="cpu", help="cpu, or cuda: one GPU per local rank (default cpu)")
-    add_output_arguments(p)
-    p.set_defaults(func=_run, parser=p)
 
 
-def _run(args) -> int:
+def _run(args: Flags) -> int:
     from ..comm import init
 
-    bad = [m for m in args.models if m not in MODELS] + [v for v in args.variants if v not in VARIANTS + OPTIONAL]
-    if bad:
-        args.parser.error(f"unknown model(s)/variant(s): {', '.join(bad)}")
-    if min(args.batch_size, args.steps_per_round, args.rounds) < 1 or args.warmup < 0:
-        args.parser.error("--batch-size, --steps-per-round and --rounds must be at least 1, --warmup 0 or more")
     try:  # a missing GPU or backend: one line, before any communication
         TrainConfig(backend=args.backend, device=args.device).check_machine(placement().size)
     except ValueError as e:
-        args.parser.fail(str(e))
+        raise UsageError(str(e)) from None
     ddp = [v for v in args.variants if TABLE[v].ddp]
-    if args.device != "cpu" and ddp:
-        args.parser.fail(
+    if not args.device.startswith("cpu") and ddp:  # the GPU is there: say what cannot use it
+        raise UsageError(
             f"{', '.join(ddp)} run on the CPU (the mpi4py torch backend takes CPU tensors): "
             "leave them out of --variants with --device cuda"
         )

@@ -21,14 +21,14 @@ benchmark checks are printed under the table with "met" or "NOT met".
 
 from __future__ import annotations
 
-import argparse
 import itertools
+from dataclasses import dataclass
 
 import numpy as np
 
-from ..args import choices_list, nbytes, positive_int
+from ..args import add_command, choices_list, flag, nbytes, positive_int
 from ..comm.buffers import zeros
-from ..report import add_output_arguments, human_bytes, markdown_table, plot_by_size, save_results
+from ..report import Output, human_bytes, markdown_table, plot_by_size, save_results
 from ..timing import time_interleaved
 from .allreduce import sizes
 
@@ -36,6 +36,34 @@ IMPLS = ("shared", "raw", "seam", "gloo", "memcpy")
 LARGE = 64 << 10  # from here up the shared all-reduce must beat MPI's by the target factor
 NEAR_MEMCPY = 4 << 20  # from here up it must be within MEMCPY_FACTOR of a memcpy
 MEMCPY_FACTOR = 1.3
+
+
+@dataclass(frozen=True)
+class Flags(Output):
+    min_bytes: int = flag(4 << 10, "smallest message, at least 4 B (one float32)", nbytes)
+    max_bytes: int = flag(64 << 20, "largest message", nbytes)
+    impls: list = flag(
+        list(IMPLS),
+        f"comma-separated implementations to time: {','.join(IMPLS)}",
+        choices_list(IMPLS, "implementation"),
+    )
+    pool: int = flag(
+        128 << 20,
+        "bytes each implementation cycles through so no call finds a warm cache (at least twice --max-bytes is used)",
+        nbytes,
+    )
+    rounds: int = flag(8, "interleaved blocks per implementation, the order rotating each round", positive_int)
+    iterations: int | None = flag(
+        None,
+        "timed calls per size and implementation (default: 1000 up to 8 KiB, 100 above, fewer from 16 MiB)",
+        positive_int,
+    )
+
+    def __post_init__(self):
+        if self.min_bytes > self.max_bytes:
+            raise ValueError(f"--min-bytes ({self.min_bytes}) is larger than --max-bytes ({self.max_bytes})")
+        if self.min_bytes < 4:
+            raise ValueError("--min-bytes must be at least 4 (one float32)")
 
 
 def iterations(nbytes: int) -> int:
@@ -202,52 +230,21 @@ def main(comm, args) -> int:
     return 0
 
 
-def _run(args) -> int:
+def _run(args: Flags) -> int:
     from ..comm import init
     from ..comm.wrappers.watchdog import without_watchdog
 
-    if args.min_bytes > args.max_bytes:
-        args.parser.error(f"--min-bytes ({args.min_bytes}) is larger than --max-bytes ({args.max_bytes})")
-    if args.min_bytes < 4:
-        args.parser.error("--min-bytes must be at least 4 (one float32)")
     # The all-reduce's own cost is the question here, not the stall watchdog's (bench sgd times that)
     return main(without_watchdog(init("mpi4py")), args)
 
 
 def add_parser(kinds) -> None:
     """``mpi-sgd bench shm``: register on the ``bench`` command's sub-parsers."""
-    p = kinds.add_parser(
+    add_command(
+        kinds,
         "shm",
+        Flags,
+        _run,
         help="shared-memory all-reduce vs MPI Allreduce vs the seam vs gloo vs memcpy, fresh buffers",
         description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--min-bytes", type=nbytes, default=4 << 10, help="smallest message (default 4 KiB)")
-    p.add_argument("--max-bytes", type=nbytes, default=64 << 20, help="largest message (default 64 MiB)")
-    p.add_argument(
-        "--impls",
-        type=choices_list(IMPLS, "implementation"),
-        default=list(IMPLS),
-        help=f"comma-separated implementations to time: {','.join(IMPLS)} (default all)",
-    )
-    p.add_argument(
-        "--pool",
-        type=nbytes,
-        default=128 << 20,
-        help="bytes each implementation cycles through so no call finds a warm cache (default 128 MiB; "
-        "at least twice --max-bytes is used)",
-    )
-    p.add_argument(
-        "--rounds",
-        type=positive_int,
-        default=8,
-        help="interleaved blocks per implementation, the order rotating each round (default 8)",
-    )
-    p.add_argument(
-        "--iterations",
-        type=positive_int,
-        default=None,
-        help="timed calls per size and implementation (default: 1000 up to 8 KiB, 100 above, fewer from 16 MiB)",
-    )
-    add_output_arguments(p)
-    p.set_defaults(func=_run, parser=p)

@@ -53,13 +53,13 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from ..args import nbytes, positive_int, rank_list
+from ..args import UsageError, add_command, flag, nbytes, positive_int, rank_list
 from ..launch import mpiexec_command, placement, run_job
 from ..models import BENCHMARK_MLP
-from ..report import add_output_arguments, save_results, write_json
+from ..report import Output, save_results, write_json
 from ..timing import WARMUP_STEPS
 from .validate_report import TARGETED, TOLERANCE, Row, assemble, plot, step_seconds, summarize, table, verdicts
 
@@ -67,6 +67,35 @@ BLOBS = 4096  # samples in the blobs dataset
 # MPICH: treat every rank as on another node; UCX (MPICH's default netmod): move bytes over TCP;
 # and nodes of one rank for the seam, whose flat buckets would otherwise sit in node-shared memory.
 TRANSPORTS = {"tcp": {"MPIR_CVAR_NOLOCAL": "1", "UCX_TLS": "tcp", "MPI_SGD_SHM_NODE_SIZE": "1"}, "shm": {}}
+
+
+@dataclass(frozen=True)
+class Flags(Output):  # each job's own JSON lands in --out-dir too
+    batches: list = flag(
+        [1, 512],
+        "per-rank batches, one configuration each: a small one the model says will not pay at R = 2 and a "
+        "large one it says will (at most 1024 for R = 4)",
+        rank_list,
+    )
+    ranks: list = flag([1, 2, 4], "world sizes, 1 and 2 included", rank_list)
+    max_steps: int = flag(40, f"training steps per run, {WARMUP_STEPS} of them warm-up", positive_int)
+    repeats: int = flag(3, "calibrate-and-measure rounds, interleaved; figures come with their spread", positive_int)
+    max_bytes: int = flag(
+        16 << 20,
+        "largest all-reduce in the calibration sweep (above the MLP's 7.5 MB of gradients)",
+        nbytes,
+    )
+    transport: str = flag(
+        "tcp", "how ranks talk: tcp as between nodes, or shm, shared memory", choices=tuple(TRANSPORTS)
+    )
+
+    def __post_init__(self):
+        if not set(TARGETED) <= set(self.ranks):
+            raise ValueError(f"--ranks must include {' and '.join(map(str, TARGETED))}, got {self.ranks}")
+        if self.max_steps < 2 * WARMUP_STEPS + 1:  # the trainer leaves its warm-up steps out; time more than those
+            raise ValueError(f"--max-steps must be at least {2 * WARMUP_STEPS + 1}, got {self.max_steps}")
+        if max(self.batches) * max(self.ranks) > BLOBS:
+            raise ValueError(f"one step of R x B samples must fit in blobs' {BLOBS}: lower --batches or --ranks")
 
 
 # -- launching the jobs -----------------------------------------------------------------------
@@ -129,6 +158,9 @@ def measure(batch: int, ranks: int, args) -> dict:
     return json.loads(path.read_text())
 
 
+TRAINED = ("model", "dataset", "strategy", "batch_size", "max_steps", "epochs", "progress", "metrics_json")
+
+
 def train_job(argv: Sequence[str] | None = None) -> int:
     """``mpiexec -n R python -m mpi_sgd.bench.validate`` with sync_sgd's training flags: train with
     the trainer, and the root writes its metrics (``--metrics-json``). The measured run above."""
@@ -140,9 +172,11 @@ def train_job(argv: Sequence[str] | None = None) -> int:
     from ..trainer import Trainer
 
     parser = ArgumentParser(prog="python -m mpi_sgd.bench.validate")
-    TrainConfig.add_arguments(parser)
-    cfg = TrainConfig.from_args(parser.parse_args(argv))
-    comm = init(cfg.backend)
+    parser.add_flags(TrainConfig, only=TRAINED)  # the flags measure() passes, each honoured here
+    cfg = parser.build(TrainConfig, parser.parse_args(argv))
+    if cfg.metrics_json is None:
+        parser.fail("--metrics-json is where the root writes what this job measured: give a file")
+    comm = init()
     pin_threads(comm.local_size)
     metrics = Trainer.from_config(cfg, load(cfg.dataset, cfg.seed), comm).train()
     if comm.is_root:
@@ -177,16 +211,10 @@ def validate(args) -> tuple[list[list[Row]], dict]:
     return repeats, raw
 
 
-def main(args) -> int:
-    if not set(TARGETED) <= set(args.ranks):
-        args.parser.error(f"--ranks must include {' and '.join(map(str, TARGETED))}, got {args.ranks}")
-    if args.max_steps < 2 * WARMUP_STEPS + 1:  # the trainer leaves its warm-up steps out; time more than those
-        args.parser.error(f"--max-steps must be at least {2 * WARMUP_STEPS + 1}, got {args.max_steps}")
-    if max(args.batches) * max(args.ranks) > BLOBS:
-        args.parser.error(f"one step of R x B samples must fit in blobs' {BLOBS}: lower --batches or --ranks")
+def main(args: Flags) -> int:
     if placement().size > 1:
-        args.parser.error("run as one process (mpi-sgd bench validate): it launches its own mpiexec jobs")
-    args.out_dir = Path(args.out_dir)
+        raise UsageError("run as one process (mpi-sgd bench validate): it launches its own mpiexec jobs")
+    args = replace(args, out_dir=Path(args.out_dir))
     args.out_dir.mkdir(parents=True, exist_ok=True)
     try:
         repeats, raw = validate(args)
@@ -229,43 +257,14 @@ def main(args) -> int:
 
 
 def add_parser(subparsers) -> None:
-    p = subparsers.add_parser(
-        "validate", help="predicted vs measured sync_sgd step time at R = 1, 2 (4 reported)", description=__doc__
+    add_command(
+        subparsers,
+        "validate",
+        Flags,
+        main,
+        help="predicted vs measured sync_sgd step time at R = 1, 2 (4 reported)",
+        description=__doc__,
     )
-    p.add_argument(
-        "--batches",
-        type=rank_list,
-        default=[1, 512],
-        help="per-rank batches, one configuration each: a small one the model says will not pay at "
-        "R = 2 and a large one it says will (default 1,512; at most 1024 for R = 4)",
-    )
-    p.add_argument("--ranks", type=rank_list, default=[1, 2, 4], help="world sizes, 1 and 2 included (default 1,2,4)")
-    p.add_argument(
-        "--max-steps",
-        type=positive_int,
-        default=40,
-        help=f"training steps per run, {WARMUP_STEPS} of them warm-up (40)",
-    )
-    p.add_argument(
-        "--repeats",
-        type=positive_int,
-        default=3,
-        help="calibrate-and-measure rounds, interleaved; figures come with their spread (3)",
-    )
-    p.add_argument(
-        "--max-bytes",
-        type=nbytes,
-        default=16 << 20,
-        help="largest all-reduce in the calibration sweep (default 16MiB, above the MLP's 7.5 MB of gradients)",
-    )
-    p.add_argument(
-        "--transport",
-        choices=tuple(TRANSPORTS),
-        default="tcp",
-        help="how ranks talk: tcp as between nodes, or shm, shared memory (default tcp)",
-    )
-    add_output_arguments(p)  # each job's own JSON lands there too
-    p.set_defaults(func=main, parser=p)
 
 
 if __name__ == "__main__":

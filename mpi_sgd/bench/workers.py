@@ -23,18 +23,38 @@ from __future__ import annotations
 import json
 import os
 import sys
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ..args import choices_list, nbytes, positive_int, rank_list
+from ..args import add_command, choices_list, flag, nbytes, nonneg_int, positive_int, rank_list
 from ..comm import BACKENDS, TORCH_BACKENDS
 from ..launch import JobFailed, placement, run_job
-from ..report import add_output_arguments, human_bytes, markdown_table, new_figure, save_results, write_json
+from ..report import Output, human_bytes, markdown_table, new_figure, save_results, write_json
 from ..timing import WARMUP_STEPS
 
 SIZES = (10**6, 10**7, 10**8, 10**9)
 CHOICES = ("mpi4py", *TORCH_BACKENDS)  # the seam's own backend beside torch.distributed's
 WORKERS = (2, 4, 6)
 LARGE = 10**8
+
+
+@dataclass(frozen=True)
+class Flags(Output):
+    workers: list | None = flag(None, "worker counts to launch (default: those of 2,4,6 that fit the cores)", rank_list)
+    max_bytes: int = flag(1 << 30, "largest size, at least 1MB", nbytes)
+    backends: list = flag(
+        ["mpi4py", "gloo", "nccl"],
+        "mpi4py (the seam), gloo, nccl (skipped without CUDA)",
+        choices_list(CHOICES, "backend"),
+    )
+    warmup: int = flag(WARMUP_STEPS, "discarded calls per size (1 from 100MB)", nonneg_int)
+    iterations: int = flag(10, "timed calls per size (3 from 100MB)", positive_int)
+
+    def __post_init__(self):
+        if self.max_bytes < SIZES[0]:
+            raise ValueError(f"--max-bytes must be at least 1MB, got {self.max_bytes}")
+        if self.workers and min(self.workers) < 2:
+            raise ValueError(f"an all-reduce needs --workers of at least 2, got {','.join(map(str, self.workers))}")
 
 
 def label(n: int) -> str:
@@ -149,20 +169,16 @@ def launch(args) -> int:
     return 0
 
 
-def main(args) -> int:
-    if args.max_bytes < SIZES[0]:
-        args.parser.error(f"--max-bytes must be at least 1MB, got {args.max_bytes}")
-    if (args.workers and min(args.workers) < 2) or args.warmup < 0:
-        args.parser.error("an all-reduce needs --workers of at least 2, and --warmup cannot be negative")
+def main(args: Flags) -> int:
     if placement().size > 1:
         return column(args)
     if args.workers is None:
-        args.workers = default_workers(os.cpu_count() or 1)
+        args = replace(args, workers=default_workers(os.cpu_count() or 1))
         print(
             f"{os.cpu_count()} cores here: starting jobs of {', '.join(map(str, args.workers))} workers "
             f"(pass --workers {','.join(map(str, WORKERS))} for the full table, oversubscribed)"
         )
-    args.backends = _backends(args)  # say once, here, which backends this machine lacks
+    args = replace(args, backends=_backends(args))  # say once, here, which backends this machine lacks
     return launch(args)
 
 
@@ -172,24 +188,11 @@ def default_workers(cores: int) -> list[int]:
 
 
 def add_parser(subparsers) -> None:
-    p = subparsers.add_parser(
+    add_command(
+        subparsers,
         "workers",
+        Flags,
+        main,
         help="[DDP-bench]'s all-reduce table: backend x workers 2/4/6 x 1MB..1GB",
         description=__doc__,
     )
-    p.add_argument(
-        "--workers", type=rank_list, help="worker counts to launch (default: those of 2,4,6 that fit the cores)"
-    )
-    p.add_argument("--max-bytes", type=nbytes, default=1 << 30, help="largest size, at least 1MB (default 1GiB)")
-    p.add_argument(
-        "--backends",
-        type=choices_list(CHOICES, "backend"),
-        default=["mpi4py", "gloo", "nccl"],
-        help="mpi4py (the seam), gloo, nccl (skipped without CUDA) (default all three)",
-    )
-    p.add_argument(
-        "--warmup", type=int, default=WARMUP_STEPS, help=f"discarded calls per size ({WARMUP_STEPS}; 1 from 100MB)"
-    )
-    p.add_argument("--iterations", type=positive_int, default=10, help="timed calls per size (10; 3 from 100MB)")
-    add_output_arguments(p)
-    p.set_defaults(func=main, parser=p)

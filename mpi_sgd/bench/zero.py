@@ -23,21 +23,20 @@ and prints three tables:
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 
 import torch
 
 from .. import gradsync, zero
-from ..args import positive_int, positive_ints
+from ..args import add_command, choices_list, flag, integer, layer_widths, nonneg_int, positive_float, positive_int
 from ..comm.wrappers.counting import CountingComm
 from ..config import TrainConfig
 from ..models import MLP
 from ..perfmodel import memory as memmodel
 from ..replicas import replicate
-from ..report import add_output_arguments, markdown_table, new_figure, save_results
+from ..report import Output, markdown_table, new_figure, save_results
 from ..step import make_optimizer, train_step
 from ..timing import time_interleaved
 
@@ -46,6 +45,19 @@ VARIANTS = ("local", "dp", "zero1", "zero2", "zero3")
 # rank (870 MB over 4 ranks), and no one layer's transient buffers dominate the sharded peaks.
 LAYERS = (1024,) * 14
 MIB = 2**20
+
+
+@dataclass(frozen=True)
+class Flags(Output):
+    layers: list = flag(list(LAYERS), "MLP widths", layer_widths)
+    optimizer: str = flag("adam", "adam, or sgd with momentum", choices=("adam", "sgd"))
+    batch_size: int = flag(16, "samples per rank per step", positive_int)
+    variants: list = flag(list(VARIANTS), "comma-separated variants", choices_list(VARIANTS, "variant"))
+    bucket_mb: float = flag(25.0, "bucket size of 'dp' in MB", positive_float)
+    steps: int = flag(2, "timed steps per block", positive_int)
+    rounds: int = flag(3, "interleaved blocks per variant", positive_int)
+    warmup: int = flag(1, "discarded steps per variant", nonneg_int)
+    seed: int = flag(0, "seed for models and data", integer)
 
 
 def _stage(variant: str) -> int:
@@ -226,38 +238,17 @@ def main(comm, args) -> int:
 
 def add_parser(kinds) -> None:
     """``mpi-sgd bench zero``: register on the ``bench`` command's sub-parsers."""
-    p = kinds.add_parser(
+    add_command(
+        kinds,
         "zero",
+        Flags,
+        _run,
         help="ZeRO stages 1-3 vs plain data parallel: memory and bytes per rank vs the formulas, step time",
         description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--layers", type=positive_ints, default=list(LAYERS), help="MLP widths (default %(default)s)")
-    p.add_argument("--optimizer", choices=("adam", "sgd"), default="adam", help="adam, or sgd with momentum (adam)")
-    p.add_argument("--batch-size", type=positive_int, default=16, help="samples per rank per step (default 16)")
-    p.add_argument(
-        "--variants",
-        type=lambda s: s.split(","),
-        default=list(VARIANTS),
-        help=f"comma-separated: {','.join(VARIANTS)} (default all)",
-    )
-    p.add_argument("--bucket-mb", type=float, default=25.0, help="bucket size of 'dp' in MB (default 25)")
-    p.add_argument("--steps", type=positive_int, default=2, help="timed steps per block (default 2)")
-    p.add_argument("--rounds", type=positive_int, default=3, help="interleaved blocks per variant (default 3)")
-    p.add_argument("--warmup", type=int, default=1, help="discarded steps per variant (default 1)")
-    p.add_argument("--seed", type=int, default=0, help="seed for models and data (default 0)")
-    add_output_arguments(p)
-    p.set_defaults(func=_run, parser=p)
 
 
-def _run(args) -> int:
+def _run(args: Flags) -> int:
     from ..comm import init
 
-    bad = [v for v in args.variants if v not in VARIANTS]
-    if bad or not args.variants:
-        args.parser.error(f"unknown variant(s) {', '.join(bad)}; choose from {','.join(VARIANTS)}")
-    if len(args.layers) < 2:
-        args.parser.error("--layers needs at least an input and an output width")
-    if args.warmup < 0 or args.bucket_mb <= 0:
-        args.parser.error("--warmup must be 0 or more and --bucket-mb positive")
     return main(init("mpi4py"), args)

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
+from ..args import ArgumentParser, flag, layer_widths, nbytes, positive_int
 from ..perfmodel import ALLREDUCE_ALGORITHMS
 from .measure import calibrate, sweep_sizes
 from .records import Calibration
@@ -48,30 +50,27 @@ def run_calibration(
     return cal
 
 
+@dataclass(frozen=True)
+class Flags:
+    save: Path | None = flag(None, "JSON file to write (on the root rank)", Path, required=True)
+    max_bytes: int = flag(16 << 20, "largest all-reduce", nbytes)
+    layers: list | None = flag(None, "MLP widths to time (default: --model mlp's)", layer_widths)
+    batch_size: int = flag(64, "per-rank batch for T_comp", positive_int)
+    algorithm: str = flag("ring", "cost formula to fit", choices=ALLREDUCE_ALGORITHMS)
+    strategy: str = flag(
+        "flat", "gradient layout T_comp is timed with, as sync_sgd's --strategy: naive, flat, bucketed"
+    )
+
+    def __post_init__(self):
+        from ..gradsync import STRATEGIES  # torch: imported by a calibration, not by whoever imports this module
+
+        if self.strategy not in STRATEGIES:
+            raise ValueError(f"unknown --strategy {self.strategy!r}; choose one of {', '.join(STRATEGIES)}")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """``mpiexec -n 2 python -m mpi_sgd.calibrate --save FILE``: measure, and the root saves."""
-    from ..args import ArgumentParser, nbytes, positive_int, positive_ints
-    from ..gradsync import STRATEGIES
-    from ..models import BENCHMARK_MLP
-
-    parser = ArgumentParser(prog="python -m mpi_sgd.calibrate", description=main.__doc__)
-    parser.add_argument("--save", type=Path, required=True, help="JSON file to write (on the root rank)")
-    parser.add_argument("--max-bytes", type=nbytes, default=16 << 20, help="largest all-reduce (default 16MiB)")
-    parser.add_argument(
-        "--layers",
-        type=positive_ints,
-        default=list(BENCHMARK_MLP),
-        help=f"MLP widths to time (default {','.join(map(str, BENCHMARK_MLP))})",
-    )
-    parser.add_argument("--batch-size", type=positive_int, default=64, help="per-rank batch for T_comp (default 64)")
-    parser.add_argument("--algorithm", choices=ALLREDUCE_ALGORITHMS, default="ring", help="cost formula to fit")
-    parser.add_argument(
-        "--strategy",
-        choices=STRATEGIES,
-        default="flat",
-        help="gradient layout T_comp is timed with, as sync_sgd's --strategy (default flat)",
-    )
-    args = parser.parse_args(argv)
+    args = ArgumentParser(prog="python -m mpi_sgd.calibrate", description=main.__doc__).parse_flags(Flags, argv)
     cal = run_calibration(
         args.save,
         args.max_bytes,

@@ -18,7 +18,6 @@ one of its addresses) is probed without ssh, as hydra starts local ranks without
 
 from __future__ import annotations
 
-import argparse
 import concurrent.futures
 import json
 import os
@@ -30,6 +29,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..args import UsageError, add_command, flag, positive_float
 from .hosts import parse_hosts_option, read_hostfile, unique_names
 
 PROBE = Path(__file__).with_name("probe.py")
@@ -243,11 +243,11 @@ def run(names: list[str], python: str, timeout: float) -> tuple[list[HostReport]
     return reports, launcher
 
 
-def main(args) -> int:
+def main(args: Flags) -> int:
     try:
         hosts = parse_hosts_option(args.hosts) if args.hosts else read_hostfile(args.hostfile) if args.hostfile else []
     except ValueError as e:
-        args.parser.error(str(e))
+        raise UsageError(str(e)) from None
     names = unique_names(hosts) or [socket.gethostname()]
     start = time.monotonic()
     reports, launcher = run(names, args.python, args.timeout)
@@ -264,25 +264,30 @@ def main(args) -> int:
     return 0
 
 
+@dataclass(frozen=True)
+class Flags:
+    hosts: str | None = flag(
+        None, "comma-separated hosts as given to mpiexec -hosts (a,b or a:2,b:2)", names=("-hosts",)
+    )
+    hostfile: str | None = flag(
+        None,
+        "a hostfile as given to mpiexec: hydra (host:N) or Open MPI (host slots=N)",
+        names=("-f", "-hostfile", "-machinefile"),
+    )
+    timeout: float = flag(10.0, "seconds each host gets to answer", positive_float)
+    python: str = flag(sys.executable, "the python every host must have at the same path")
+
+    def __post_init__(self):
+        if self.hosts and self.hostfile:
+            raise ValueError("give --hosts or --hostfile, not both")
+
+
 def add_parser(subparsers) -> None:
-    p = subparsers.add_parser(
+    add_command(
+        subparsers,
         "doctor",
+        Flags,
+        main,
         help="check the hosts of a multi-host run before starting it",
         description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    where = p.add_mutually_exclusive_group()
-    where.add_argument("-hosts", "--hosts", help="comma-separated hosts as given to mpiexec -hosts (a,b or a:2,b:2)")
-    where.add_argument(
-        "-f",
-        "--hostfile",
-        "-hostfile",
-        "-machinefile",
-        dest="hostfile",
-        help="a hostfile as given to mpiexec: hydra (host:N) or Open MPI (host slots=N)",
-    )
-    p.add_argument("--timeout", type=float, default=10.0, help="seconds each host gets to answer (default 10)")
-    p.add_argument(
-        "--python", default=sys.executable, help="the python every host must have at the same path (default: this one)"
-    )
-    p.set_defaults(func=main, parser=p)

@@ -26,7 +26,6 @@ runs on success, failure, Ctrl-C and SIGTERM.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import itertools
 import json
@@ -37,8 +36,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
+from ..args import ArgumentParser, flag
 from .namespaces import (
     PREFIX,
     alive,
@@ -239,23 +240,23 @@ def _terminate(signum, frame):
     raise KeyboardInterrupt(f"signal {signum}")
 
 
+@dataclass(frozen=True)
+class Flags:
+    hosts: str = flag("a,b", "the two host names")
+    rate: str | None = flag(
+        None, "shape the link like a real network, e.g. 1gbit or 10gbit (default: as fast as the machine moves bytes)"
+    )
+    command: list = flag([], "what to run on the first host, after --", rest=True)
+
+    def __post_init__(self):
+        if not self.command[self.command[:1] == ["--"] :]:
+            raise ValueError("give the command to run after --")
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m mpi_sgd.cluster.netns",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument("--hosts", default="a,b", help="the two host names (default a,b)")
-    parser.add_argument(
-        "--rate",
-        help="shape the link like a real network, e.g. 1gbit or 10gbit (default: as fast as the machine moves bytes)",
-    )
-    parser.add_argument("command", nargs=argparse.REMAINDER, help="what to run on the first host, after --")
-    args = parser.parse_args(argv)
+    args = ArgumentParser(prog="python -m mpi_sgd.cluster.netns", description=__doc__).parse_flags(Flags, argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     hosts = tuple(h.strip() for h in args.hosts.split(","))
-    if not command:
-        parser.error("give the command to run after --")
     if why := missing():
         print(f"netns cluster: cannot run here: {why}", file=sys.stderr)
         return 2

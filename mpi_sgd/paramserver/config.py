@@ -1,21 +1,22 @@
 """The asynchronous run's settings: one frozen dataclass, checked on construction, exposed as flags.
 
-What depends on the world size (enough ranks for the servers, a staleness bound the workers can
-meet) is checked by :meth:`AsyncConfig.check_world`, which every rank calls with the size the
-launcher announced, before any communication: a bad value fails everywhere the same way.
+Each field is a flag (``parser.add_flags(AsyncConfig)``, :mod:`mpi_sgd.args`). What depends on
+the world size (enough ranks for the servers, a staleness bound the workers can meet) is checked
+by :meth:`AsyncConfig.check_world`, which every rank calls with the size the launcher announced,
+before any communication: a bad value fails everywhere the same way.
+
+At world size 1 the one rank is both the server and the worker: every gradient is applied on
+the version it was computed on (staleness 0), which is plain SGD with momentum.
 """
 
 from __future__ import annotations
 
-import argparse
 import math
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import dataclass
+
+from ..args import flag as _flag
 
 UNBOUNDED = -1
-
-
-def _flag(default, help: str, type=None):
-    return field(default=default, metadata={"help": help, "type": type})
 
 
 @dataclass(frozen=True)
@@ -73,7 +74,11 @@ class AsyncConfig:
         return self.max_staleness != UNBOUNDED
 
     def workers(self, size: int) -> int:
-        return size - self.servers
+        """Worker ranks: all but the servers; at world size 1 the one rank works as well as serves."""
+        return 1 if size == 1 else size - self.servers
+
+    def first_worker(self, size: int) -> int:
+        return 0 if size == 1 else self.servers
 
     def straggler(self, size: int) -> int | None:
         """The rank slowed by --straggler-ms, or None."""
@@ -84,10 +89,10 @@ class AsyncConfig:
     def check_world(self, size: int) -> None:
         """Raise ValueError unless this configuration can run on ``size`` ranks."""
         workers = self.workers(size)
-        if workers < 1:
+        if workers < 1 or size == 1 < self.servers:
             raise ValueError(
                 f"--servers {self.servers} needs at least {self.servers + 1} ranks (the servers and a worker), "
-                f"got {size}; a parameter server cannot run as one process"
+                f"got {size}; as one process, the one rank is server and worker (--servers 1)"
             )
         if self.bounded and self.max_staleness < workers - 1:
             raise ValueError(
@@ -95,29 +100,6 @@ class AsyncConfig:
                 f"gradient at a time, so of {workers} gradients computed on the same version the last is applied "
                 f"{workers - 1} versions late; use --max-staleness {workers - 1} or more"
             )
-        straggler = self.straggler(size)
-        if straggler is not None and not self.servers <= straggler < size:
-            raise ValueError(
-                f"--straggler-rank {straggler} is not a worker: workers are ranks {self.servers}..{size - 1}"
-            )
-
-    @classmethod
-    def add_arguments(cls, parser: argparse.ArgumentParser, skip: tuple[str, ...] = ()) -> None:
-        """One ``--flag`` per field not in ``skip`` (fields another config of the same script already offers)."""
-        for f in fields(cls):
-            if f.name in skip:
-                continue
-            flag = "--" + f.name.replace("_", "-")
-            default = None if f.default is MISSING else f.default
-            help = f"{f.metadata['help']} (default: {default})"
-            if isinstance(default, bool):
-                parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default, help=help)
-            else:
-                kind = f.metadata["type"] or type(default)
-                parser.add_argument(flag, type=kind, default=default, help=help, metavar=f.name.upper())
-
-    @classmethod
-    def from_args(cls, args: argparse.Namespace, **given) -> AsyncConfig:
-        """The config from parsed flags; ``given`` fills the fields skipped in :meth:`add_arguments`."""
-        values = {f.name: getattr(args, f.name) for f in fields(cls) if f.name not in given and hasattr(args, f.name)}
-        return cls(**values, **given)
+        straggler, first = self.straggler(size), self.first_worker(size)
+        if straggler is not None and not first <= straggler < size:
+            raise ValueError(f"--straggler-rank {straggler} is not a worker: workers are ranks {first}..{size - 1}")

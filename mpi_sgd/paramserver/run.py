@@ -61,9 +61,13 @@ def train(comm, model: torch.nn.Module, dataset: data.Dataset, cfg: AsyncConfig)
     for the lost rank forever) when the script ends: output is flushed and the exit status is 0.
     One gap is left: a worker that dies *after* taking the final parameters goes unnoticed, and
     the others then wait for it in ``MPI_Finalize`` until the launcher gives up (``MPIEXEC_TIMEOUT``).
+
+    At world size 1 the one rank serves and works (:func:`_alone`): plain SGD, no messages.
     """
     cfg.check_world(comm.size)
     data.check_size(len(dataset), cfg.workers(comm.size), cfg.batch_size)
+    if comm.size == 1:
+        return _alone(model, dataset, cfg)
     broadcast_parameters(model, comm)
     bounds = shards(sum(p.numel() for p in model.parameters()), cfg.servers)
     if comm.rank < cfg.servers:
@@ -75,6 +79,47 @@ def train(comm, model: torch.nn.Module, dataset: data.Dataset, cfg: AsyncConfig)
         comm.barrier()
         result = _work(comm, worker)
     _at_exit(bool(result.lost))
+    return result
+
+
+def _alone(model: torch.nn.Module, dataset: data.Dataset, cfg: AsyncConfig) -> Result:
+    """Server and worker in one rank: each gradient is applied on the version it was computed on.
+
+    Staleness is always 0, so this is SGD with momentum on the batches a lone worker draws (the
+    trainer's partition at one rank, epoch after epoch), applied by the server's rule, which is
+    ``torch.optim.SGD``'s: v = momentum * v + g, then p -= lr * v (--lr-by-staleness divides by
+    max(0, 1) = 1).
+    """
+    params = list(model.parameters())
+    optimizer = torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum)
+    loss_fn = F.cross_entropy if dataset.classification else F.mse_loss
+    delay = cfg.straggler_ms / 1e3 if cfg.straggler(1) == 0 else 0.0
+    result = Result("server", 0, staleness=Counter({0: cfg.evaluations}), pushes_by_worker=Counter({0: 0}))
+    start, epoch = time.monotonic(), 0
+    if cfg.snapshot_every:
+        result.snapshots.append((0, 0.0, parameters_to_vector(params).detach().clone()))
+    while result.applied < cfg.evaluations:
+        for idx in data.rank_batches(len(dataset), 0, 1, cfg.batch_size, epoch, cfg.seed):
+            optimizer.zero_grad()
+            loss_fn(model(dataset.x[idx]), dataset.y[idx]).backward()
+            if delay:
+                time.sleep(delay)  # --straggler-ms: the one worker is the slow one
+            optimizer.step()
+            result.applied += 1
+            if cfg.snapshot_every and result.applied % cfg.snapshot_every == 0:
+                result.snapshots.append(
+                    (result.applied, time.monotonic() - start, parameters_to_vector(params).detach().clone())
+                )
+            if result.applied == cfg.evaluations:
+                break
+        epoch += 1
+    if cfg.snapshot_every and result.snapshots[-1][0] != result.applied:  # the last version too, as a server keeps
+        result.snapshots.append(
+            (result.applied, time.monotonic() - start, parameters_to_vector(params).detach().clone())
+        )
+    result.pushes_by_worker[0] = result.steps = result.applied
+    result.seconds = time.monotonic() - start
+    result.staleness_by_server = [result.staleness]
     return result
 
 

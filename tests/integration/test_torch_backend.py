@@ -21,8 +21,8 @@ def test_backend_and_ddp_at_four_ranks():
     assert len(ran) == 4 and min(ran) >= MIN_TESTS, out  # every rank ran them, none skipped
 
 
-def test_example_06_trains_ddp_over_mpi():
-    out = run_mpi(2, str(EXAMPLES / "06_torch_ddp_over_mpi.py"), env=ENV).stdout
+def test_torch_ddp_example_trains_ddp_over_mpi():
+    out = run_mpi(2, str(EXAMPLES / "torch_ddp_over_mpi.py"), env=ENV).stdout
     epochs = re.findall(r"epoch (\d+)  loss ([\d.]+)  accuracy ([\d.]+)  \(2 rank\(s\), mpi4py\)", out)
     assert [int(e) for e, _, _ in epochs] == [0, 1, 2], out
     losses = [float(loss) for _, loss, _ in epochs]
@@ -30,9 +30,9 @@ def test_example_06_trains_ddp_over_mpi():
     assert "replicas identical on all 2 ranks: True" in out
 
 
-def test_example_06_rejects_bad_flags_before_starting():
-    proc = run_mpi(1, str(EXAMPLES / "06_torch_ddp_over_mpi.py"), "--epochs", "0", check=False, timeout=60)
-    assert proc.returncode == 2 and "--epochs and --batch-size must be at least 1" in proc.stderr
+def test_torch_ddp_example_rejects_bad_flags_before_starting():
+    proc = run_mpi(1, str(EXAMPLES / "torch_ddp_over_mpi.py"), "--epochs", "0", check=False, timeout=60)
+    assert proc.returncode == 2 and "argument --epochs: must be >= 1, got 0" in proc.stderr
 
 
 def test_the_seam_over_torch_mpi4py_and_the_pointer_from_mpi():

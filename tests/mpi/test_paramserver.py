@@ -1,8 +1,8 @@
 """Asynchronous SGD with a parameter server, checked against plain SGD in one process.
 
-Run as ``mpiexec -n R python -m mpi4py -m pytest --with-mpi tests/mpi`` (R = 2 and 3 here; at
-R = 1 there is no room for a server and a worker, and these tests skip). Every rank computes the
-one-process reference itself, with plain torch and no communication.
+Run as ``mpiexec -n R python -m mpi4py -m pytest --with-mpi tests/mpi`` (R = 1, 2 and 3 here; at
+R = 1 the one rank is server and worker, and only the plain-SGD test applies). Every rank computes
+the one-process reference itself, with plain torch and no communication.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from mpi_sgd import data, paramserver
 from mpi_sgd.models import FFNet
 from mpi_sgd.paramserver import AsyncConfig
 
-pytestmark = [pytest.mark.mpi(min_size=2)]
+pytestmark = [pytest.mark.mpi]
 
 
 @pytest.fixture(scope="module")
@@ -34,10 +34,11 @@ def test_one_worker_is_plain_sgd_bit_for_bit(comm, momentum, by_staleness):
     is plain SGD: the same batches in the same order, the same update. Tolerance: none. Both sides
     do the same float32 operations on the same values (the server's ``add_`` over one flat slice
     is element-wise the reference's over each tensor), so anything but bit-identical parameters is
-    a bug. All ranks but one serve, so at R = 3 the parameters are split over two servers."""
+    a bug. All ranks but one serve, so at R = 3 the parameters are split over two servers; at R = 1
+    the one rank serves and works."""
     ds = data.blobs(num_samples=100, input_size=12, num_classes=3, seed=2)
     cfg = AsyncConfig(
-        servers=comm.size - 1,
+        servers=max(1, comm.size - 1),
         lr=0.2,
         momentum=momentum,
         batch_size=8,
@@ -80,6 +81,7 @@ def least_squares(n: int = 512, d: int = 8, seed: int = 0) -> tuple[data.Dataset
     return data.Dataset(x, y, "least-squares"), ((design @ w - y.double()) ** 2).mean().item()
 
 
+@pytest.mark.mpi(min_size=2)
 @pytest.mark.parametrize("servers, max_staleness", [(1, -1), (1, "workers"), (2, -1)])
 def test_converges_on_least_squares_and_every_worker_ends_with_the_servers_parameters(comm, servers, max_staleness):
     """A convex problem, W = R - k workers pushing stale gradients: after 200 gradients the loss must

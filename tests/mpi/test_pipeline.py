@@ -219,7 +219,7 @@ def test_bench_pipeline_tables_json_and_timelines(world, capsys):
     from mpi_sgd.cli import build_parser
 
     out = world.bcast_obj(tempfile.mkdtemp() if world.is_root else None)
-    args = build_parser().parse_args(
+    namespace = build_parser().parse_args(
         [
             "bench",
             "pipeline",
@@ -244,7 +244,7 @@ def test_bench_pipeline_tables_json_and_timelines(world, capsys):
             "--no-plot",
         ]
     )
-    assert bench.main(world, args) == 0
+    assert bench.main(world, namespace.parser.build(bench.Flags, namespace)) == 0
     world.barrier()
     if world.is_root:
         text = capsys.readouterr().out
@@ -284,11 +284,11 @@ def test_bench_pipeline_tables_json_and_timelines(world, capsys):
 @pytest.mark.mpi(min_size=3)
 def test_bench_pipeline_refuses_more_stages_than_layers_in_one_line(world, capsys):
     """Two layers (--depth 1 and the head) cannot make three or more stages: exit 2 before any message."""
+    from mpi_sgd.args import run_command
     from mpi_sgd.cli import build_parser
 
-    args = build_parser().parse_args(["bench", "pipeline", "--depth", "1"])
     with pytest.raises(SystemExit) as e:
-        args.func(args)
+        run_command(build_parser().parse_args(["bench", "pipeline", "--depth", "1"]))
     assert e.value.code == 2
     err = capsys.readouterr().err
     expected = (

@@ -30,10 +30,12 @@ def test_grid_table_ratios():
 
 
 def test_model_spec():
-    assert grid.model_spec("0x10, 3x100") == [(0, 10), (3, 100)]
+    from mpi_sgd.args import depths_by_widths
+
+    assert depths_by_widths("0x10, 3x100") == [(0, 10), (3, 100)]
     for bad in ("3", "x10", "-1x10", "2x0"):
         with pytest.raises(argparse.ArgumentTypeError):
-            grid.model_spec(bad)
+            depths_by_widths(bad)
 
 
 def test_workers_table_reads_like_the_seed():
@@ -55,5 +57,5 @@ def test_workers_bad_arguments_exit_2(args, tmp_path, capsys):
         main(["bench", "workers", *args, "--out-dir", str(tmp_path)])
     err = capsys.readouterr().err
     assert exit_.value.code == 2
-    assert ("usage:" in err) if prints_usage_errors() else err == ""  # rank 0 speaks for all
+    assert ("mpi-sgd bench workers: error:" in err) if prints_usage_errors() else err == ""  # rank 0 speaks for all
     assert not list(tmp_path.iterdir())  # nothing launched, nothing written

@@ -1,9 +1,7 @@
 """Benchmark plumbing that needs no processes: sizes, units, tables, bandwidth factors."""
 
-import pytest
-
 from mpi_sgd.bench.allreduce import bus_factor, sizes
-from mpi_sgd.report import human_bytes, markdown_table, parse_bytes
+from mpi_sgd.report import human_bytes, markdown_table
 from mpi_sgd.timing import osu_iterations
 
 
@@ -11,17 +9,6 @@ def test_sizes_are_powers_of_two_inclusive():
     assert sizes(4, 64) == [4, 8, 16, 32, 64]
     assert sizes(1000, 4096) == [1024, 2048, 4096]
     assert sizes(1024, 64 << 20)[-1] == 64 << 20
-
-
-@pytest.mark.parametrize("text, n", [("4", 4), ("64KiB", 65536), ("16 MiB", 16 << 20), ("1GB", 1 << 30), ("1k", 1024)])
-def test_parse_bytes(text, n):
-    assert parse_bytes(text) == n
-
-
-@pytest.mark.parametrize("text", ["", "lots", "-4", "0"])
-def test_parse_bytes_rejects(text):
-    with pytest.raises(ValueError):
-        parse_bytes(text)
 
 
 def test_human_bytes():

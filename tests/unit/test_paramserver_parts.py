@@ -98,7 +98,7 @@ def test_histogram_text_and_mean():
 @pytest.mark.parametrize(
     "kw, size, message",
     [
-        ({}, 1, "needs at least 2 ranks"),
+        ({"servers": 2}, 1, "needs at least 3 ranks"),
         ({"servers": 2}, 2, "needs at least 3 ranks"),
         ({"max_staleness": 1}, 4, "cannot be met by 3 workers"),
         ({"straggler_ms": 5, "straggler_rank": 0}, 3, "not a worker"),
@@ -107,6 +107,13 @@ def test_histogram_text_and_mean():
 def test_world_checks(kw, size, message):
     with pytest.raises(ValueError, match=message):
         AsyncConfig(**kw).check_world(size)
+
+
+def test_one_process_is_server_and_worker():
+    cfg = AsyncConfig(max_staleness=0, straggler_ms=5)
+    cfg.check_world(1)  # one worker: tau is always 0, and the one rank is the straggler
+    assert (cfg.workers(1), cfg.first_worker(1), cfg.straggler(1)) == (1, 0, 0)
+    assert (cfg.workers(3), cfg.first_worker(3), cfg.straggler(3)) == (2, 1, 2)
 
 
 def test_value_checks():

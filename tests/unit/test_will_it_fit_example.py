@@ -36,4 +36,4 @@ def test_largest_model_per_stage():
 
 def test_bad_count_exits_2():
     out = run("--params", "lots")
-    assert out.returncode == 2 and "not a parameter count: 'lots'" in out.stderr
+    assert out.returncode == 2 and "argument --params: not a number: 'lots'" in out.stderr

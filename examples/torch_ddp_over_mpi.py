@@ -1,17 +1,17 @@
-# mpiexec -n 2 python examples/06_torch_ddp_over_mpi.py
-"""Step 6: torch's own DistributedDataParallel, over MPI, from a pip-installed torch.
+# mpiexec -n 2 python examples/torch_ddp_over_mpi.py
+"""Beside step 6: torch's own DistributedDataParallel, over MPI, from a pip-installed torch.
 
 This is the DDP recipe of the PyTorch tutorials (DistributedSampler, DDP, set_epoch, logging on
 rank 0) with one change: the backend name. The pip wheels of torch have no "mpi" backend
 (dist.is_mpi_available() is False), so the import below registers one named "mpi4py": a process
-group written in Python over mpi4py, zero-copy and non-blocking (mpi_sgd/comm/torch_mpi4py.py).
+group written in Python over mpi4py, zero-copy and non-blocking (mpi_sgd/comm/backends/torch_mpi4py.py).
 mpiexec starts the processes and MPI tells each its rank, so no MASTER_ADDR, MASTER_PORT, RANK or
 WORLD_SIZE is set anywhere. `--backend gloo` runs the very same script over gloo.
 
 At the end every rank checks that all replicas hold the same parameters, bit for bit.
 """
 
-import argparse
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -22,15 +22,18 @@ from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
 import mpi_sgd.comm.backends.torch_mpi4py  # noqa: F401  (registers the "mpi4py" backend)
+from mpi_sgd.args import ArgumentParser, flag, positive_float, positive_int
 
-parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-parser.add_argument("--backend", default="mpi4py", help="torch.distributed backend: mpi4py or gloo (default mpi4py)")
-parser.add_argument("--epochs", type=int, default=3, help="passes over the data (default 3)")
-parser.add_argument("--batch-size", type=int, default=32, help="samples per rank per step (default 32)")
-parser.add_argument("--lr", type=float, default=0.05, help="SGD learning rate (default 0.05)")
-args = parser.parse_args()
-if min(args.epochs, args.batch_size) < 1 or args.lr <= 0:
-    parser.error("--epochs and --batch-size must be at least 1, --lr positive")
+
+@dataclass(frozen=True)
+class Flags:
+    backend: str = flag("mpi4py", "torch.distributed backend", choices=("mpi4py", "gloo"))
+    epochs: int = flag(3, "passes over the data", positive_int)
+    batch_size: int = flag(32, "samples per rank per step", positive_int)
+    lr: float = flag(0.05, "SGD learning rate", positive_float)
+
+
+args = ArgumentParser(description=__doc__).parse_flags(Flags)
 
 
 def synthetic_digits(n=2048, features=64, classes=10, seed=0):
