@@ -39,7 +39,7 @@ LAUNCHER_VALUES = {
     **dict.fromkeys(("-iface", "-ppn", "-launcher-exec", "-bind-to", "--bind-to", "--map-by", "-x"), 1),
     **dict.fromkeys(("-genv", "-env", "--mca"), 2),
 }
-LAUNCHER_FLAGS = {"-disable-auto-cleanup", "--oversubscribe", "--allow-run-as-root", "-l", "-prepend-rank"}
+LAUNCHER_FLAGS = {"-disable-auto-cleanup", "--oversubscribe", "--allow-run-as-root", "-l", "-prepend-rank", "--version"}
 LAUNCHERS = {"mpiexec", "mpirun", "srun"}
 
 
