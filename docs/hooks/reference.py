@@ -78,7 +78,8 @@ def floors_svg() -> str:
         )
         out.append(f'<text x="16" y="{y + row / 2 + 5}" fill="#3949ab">floor {level}</text>')
         names = "   ".join(u + ("/" if (ROOT / "mpi_sgd" / u).is_dir() else "") for u in units)
-        out.append(f'<text x="{70 + (width - 80) / 2}" y="{y + row / 2 + 5}" text-anchor="middle">{html.escape(names)}</text>')
+        middle = 70 + (width - 80) / 2
+        out.append(f'<text x="{middle}" y="{y + row / 2 + 5}" text-anchor="middle">{html.escape(names)}</text>')
     out.append(
         f'<text x="{width / 2}" y="{height - 10}" text-anchor="middle" fill="#555">'
         "imports point down only; tests/unit/test_floors.py checks every import</text>"

@@ -12,8 +12,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mpi_sgd.comm.wrappers import compress, staged
 from mpi_sgd.comm.gpu import HostBuffers
+from mpi_sgd.comm.wrappers import compress, staged
 from tests.helpers import rank_data
 
 pytestmark = pytest.mark.mpi
