@@ -4,7 +4,7 @@
 This is the DDP recipe of the PyTorch tutorials (DistributedSampler, DDP, set_epoch, logging on
 rank 0) with one change: the backend name. The pip wheels of torch have no "mpi" backend
 (dist.is_mpi_available() is False), so the import below registers one named "mpi4py": a process
-group written in Python over mpi4py, zero-copy and non-blocking (mpi_sgd/comm/torch_mpi4py.py).
+group written in Python over mpi4py, zero-copy and non-blocking (mpi_sgd/comm/backends/torch_mpi4py.py).
 mpiexec starts the processes and MPI tells each its rank, so no MASTER_ADDR, MASTER_PORT, RANK or
 WORLD_SIZE is set anywhere. `--backend gloo` runs the very same script over gloo.
 

@@ -109,7 +109,7 @@ def blocks(page: Path) -> list[Block]:
             found.append(current)
             current = None
         else:
-            current.lines.append(line[indent:] if line[:indent].isspace() else line.lstrip())
+            current.lines.append(line[indent:] if not line[:indent].strip() else line.lstrip())
     return found
 
 

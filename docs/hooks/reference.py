@@ -3,6 +3,8 @@
 * ``<!-- cli: ENTRY -->`` on a page becomes ENTRY's reference (usage, description, a table of
   its options, its sub-commands), rendered from the parser the entry point really builds
   (``entrypoints.py``, run in a process of its own: the build never imports torch or MPI itself);
+* the docstrings' Sphinx roles (``:class:`~a.b.C` ``), which mkdocstrings prints as they are, read as
+  code (``C``; the full path without the ``~``);
 * ``contributing/floors.svg`` is drawn from ``FLOORS`` in ``tests/unit/test_floors.py``, the one
   definition of which module may import which, so the picture cannot drift from what is checked.
 """
@@ -22,6 +24,7 @@ from mkdocs.structure.files import File
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 MARKER = re.compile(r"^<!-- cli: (.+?) -->$", re.M)
+ROLE = re.compile(r":(?:class|func|meth|mod|data|attr|exc|obj):<code>(~?)([^<]+)</code>")
 _reference: dict[str, str] = {}
 
 
@@ -44,6 +47,10 @@ def on_page_markdown(markdown: str, page, config, files) -> str:
         return cli_reference()[entry]
 
     return MARKER.sub(expand, markdown)
+
+
+def on_page_content(html_text: str, page, config, files) -> str:
+    return ROLE.sub(lambda m: f"<code>{m.group(2).rsplit('.', 1)[-1] if m.group(1) else m.group(2)}</code>", html_text)
 
 
 # -- the floors ------------------------------------------------------------------------------------

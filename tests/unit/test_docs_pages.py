@@ -120,6 +120,8 @@ def test_every_block_is_marked_in_a_way_the_tests_read(page):
         if block.lang == "python":
             assert re.match(r"# (mpiexec -n \d+ )?python \S+\.py$", block.lines[0]), f"{block.id}: no launch line"
         int(block.marks.get("exit", "0"))
+        if any("docs-serve" in c for c in block.commands()):
+            assert "serves" in block.marks, f"{block.id}: a server never exits: mark it <!-- serves: URL -->"
 
 
 NEEDS = {  # what a command needs that make test's machine may lack: such a block must be slow
