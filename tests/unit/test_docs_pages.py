@@ -226,7 +226,7 @@ FIGURES |= {"staleness", "speedup", "time-to-target"}
 
 @pytest.mark.parametrize("page", PAGES, ids=PAGE_IDS)
 def test_figure_placeholders_name_the_figures_that_are_drawn(page):
-    for figure in re.findall(r"<!-- figure: (\S+) -->", page.read_text()):
+    for figure in re.findall(r"^<!-- figure: (\S+) -->$", page.read_text(), re.M):
         assert figure in FIGURES, f"{pages.name(page)}: no figure {figure!r} is drawn"
 
 
