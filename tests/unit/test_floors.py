@@ -78,7 +78,7 @@ def imported_units(path: Path) -> set[str]:
 
 def test_every_module_has_a_floor():
     unknown = sorted({unit_of(p) for p in modules()} - set(FLOOR))
-    assert not unknown, f"add {unknown} to FLOORS in {Path(__file__).name} (and to the map in docs/contributing/architecture.md)"
+    assert not unknown, f"add {unknown} to FLOORS in {Path(__file__).name} (and to docs/contributing/architecture.md)"
 
 
 @pytest.mark.parametrize("path", modules(), ids=lambda p: str(p.relative_to(PACKAGE)))
