@@ -2,7 +2,7 @@
 
 * ``<!-- cli: ENTRY -->`` on a page becomes ENTRY's reference (usage, description, a table of
   its options, its sub-commands), rendered from the parser the entry point really builds
-  (``entrypoints.py``, run in a process of its own: the build never imports torch or MPI itself);
+  (``commandlines.py``, run in a process of its own: the build never imports torch or MPI itself);
 * the docstrings' Sphinx roles (``:class:`~a.b.C` ``), which mkdocstrings prints as they are, read as
   code (``C``; the full path without the ``~``);
 * ``contributing/floors.svg`` is drawn from ``FLOORS`` in ``tests/unit/test_floors.py``, the one
@@ -31,7 +31,7 @@ _reference: dict[str, str] = {}
 def cli_reference() -> dict[str, str]:
     if not _reference:
         done = subprocess.run(
-            [sys.executable, str(HERE / "entrypoints.py")], cwd=ROOT, capture_output=True, text=True, timeout=600
+            [sys.executable, str(HERE / "commandlines.py")], cwd=ROOT, capture_output=True, text=True, timeout=600
         )
         if done.returncode:
             raise RuntimeError(f"rendering the CLI reference failed:\n{done.stderr}")

@@ -17,7 +17,7 @@ from tests import pages
 from tests.pages import DOCS, ROOT
 
 sys.path.insert(0, str(DOCS / "hooks"))
-import entrypoints  # noqa: E402  (docs/hooks/entrypoints.py: the parsers the CLI reference is rendered from)
+import commandlines  # noqa: E402  (docs/hooks/commandlines.py: the parsers the CLI reference is rendered from)
 
 PAGES = pages.pages()
 PAGE_IDS = [pages.name(p) for p in PAGES]
@@ -95,7 +95,7 @@ def test_every_command_shown_is_accepted_by_the_real_parser(page):
             continue  # inline prose such as make(strategy, ...), not a command line
         else:
             try:
-                why = entrypoints.refusal(entrypoints.parse_command(command))
+                why = commandlines.refusal(commandlines.parse_command(command))
             except ValueError as e:
                 why = str(e)
         if why and not (inline and "arguments are required" in why):  # prose may name a command: `mpi-sgd faults`
@@ -164,26 +164,26 @@ def test_the_module_map_is_the_tree():
 
 def test_every_entry_point_is_in_the_cli_reference():
     markers = set(re.findall(r"<!-- cli: (.+?) -->", "".join(p.read_text() for p in (DOCS / "reference").glob("*.md"))))
-    assert markers == set(entrypoints.entries())
-    runnable = set(entrypoints.runnable_modules())
-    assert runnable == set(entrypoints.MODULES) | set(entrypoints.INTERNAL), "a new `python -m` module: list it"
+    assert markers == set(commandlines.entries())
+    runnable = set(commandlines.runnable_modules())
+    assert runnable == set(commandlines.MODULES) | set(commandlines.INTERNAL), "a new `python -m` module: list it"
 
 
 def test_the_cli_reference_renders_every_option_of_the_trainer():
-    section = entrypoints.markdown(entrypoints.parser_of("examples/sync_sgd.py"), "examples/sync_sgd.py")
+    section = commandlines.markdown(commandlines.parser_of("examples/sync_sgd.py"), "examples/sync_sgd.py")
     for flag in ("--strategy", "--bucket-mb", "--checkpoint", "--stall-timeout", "--zero", "--val-fraction"):
         assert f"`{flag}" in section, flag
 
 
 def test_launcher_options_are_read_not_guessed():
-    cmd = entrypoints.parse_command("sudo MPI_SGD_FAULT=1:3:nan mpiexec -n 2 -genv A b python examples/x.py --y 1  # z")
+    cmd = commandlines.parse_command("sudo MPI_SGD_FAULT=1:3:nan mpiexec -n 2 -genv A b python examples/x.py --y 1 # z")
     assert cmd.sudo and cmd.launcher == "mpiexec" and cmd.program == ["python", "examples/x.py", "--y", "1"]
     with pytest.raises(ValueError, match="add it to"):
-        entrypoints.parse_command("mpiexec --no-such-option 2 python examples/x.py")
-    wrapped = entrypoints.parse_command(
+        commandlines.parse_command("mpiexec --no-such-option 2 python examples/x.py")
+    wrapped = commandlines.parse_command(
         'python -m mpi_sgd.cluster.netns -- env M="mpiexec -hosts a,b" mpi-sgd bench validate --steps 20'
     )
-    assert "unrecognized arguments: --steps 20" in entrypoints.refusal(wrapped)  # the flag that hid here
+    assert "unrecognized arguments: --steps 20" in commandlines.refusal(wrapped)  # the flag that hid here
 
 
 def test_the_output_matcher_reads_numbers_ellipses_and_words():

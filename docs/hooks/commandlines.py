@@ -5,7 +5,7 @@ builds, and the docs tests hand every command line a page shows to that same par
 parser is caught as the script calls ``parse_args`` (it is run up to that point and no further),
 so what a page is checked against is exactly what a user's command meets.
 
-``python docs/hooks/entrypoints.py`` prints the reference of every entry point as JSON (the docs
+``python docs/hooks/commandlines.py`` prints the reference of every entry point as JSON (the docs
 hook runs it in a process of its own, so the site build never imports torch or MPI itself).
 """
 
