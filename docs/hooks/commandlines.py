@@ -166,19 +166,51 @@ def parse_command(text: str) -> Command:
     return Command(text=text, sudo=sudo, launcher=launcher, program=words)
 
 
+class _Refused(Exception):
+    pass
+
+
+def _refuse(self, message: str):
+    raise _Refused(f"{self.prog}: error: {message}")
+
+
 def refusal(command: Command) -> str | None:
-    """Why the entry point's real parser refuses the command's flags, or None if it accepts them."""
+    """Why the entry point's real parser refuses the command's flags, or None if it accepts them.
+
+    The parser's own ``error`` prints on rank 0 only (under ``mpirun -n 2 pytest`` on both ranks
+    alike it must still say why), so while it parses, an error is raised with its message instead."""
     if command.entry is None:
         return None
-    parser, err = parser_of(command.entry), io.StringIO()
+    parser = parser_of(command.entry)
+    classes = {type(parser), argparse.ArgumentParser, *(type(p) for p in _subparsers(parser))}
+    saved = {cls: cls.__dict__.get("error") for cls in classes}
+    for cls in classes:
+        cls.error = _refuse
     try:
-        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
             parser.parse_args(command.arguments)
-    except SystemExit as e:
+    except _Refused as e:
+        return str(e)
+    except SystemExit as e:  # --help, which exits 0
         if e.code not in (0, None):
-            return err.getvalue().strip() or f"{command.entry} exited {e.code} on {command.arguments}"
+            return f"{command.entry} exited {e.code} on {command.arguments}"
+    finally:
+        for cls, error in saved.items():
+            if error is None:
+                del cls.error
+            else:
+                cls.error = error
     inner = command.inner
     return refusal(inner) if inner else None
+
+
+def _subparsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+    found = []
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                found += [sub, *_subparsers(sub)]
+    return found
 
 
 # -- the reference, as Markdown --------------------------------------------------------------------
