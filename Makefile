@@ -50,7 +50,7 @@ endif
 export MPI_SGD_MPIEXEC := $(MPIEXEC)
 
 .PHONY: venv venv-torch demo test test-unit test-mpi test-mpirun test-integration test-gpu examples bench lint clean
-.PHONY: netns-cluster netns-validate docker-cluster docker-down
+.PHONY: netns-cluster netns-validate docker-cluster docker-down docs docs-serve docs-shots test-docs-slow
 
 venv: $(STAMP)
 
@@ -91,8 +91,10 @@ demo: venv
 	$(MPIEXEC) -n $(NP) $(PY) examples/sync_sgd.py
 
 # The unit tests run inside test-mpirun (on both of its ranks), so make test does not run them a
-# second time on their own; make test-unit runs them alone.
-test: test-mpi test-mpirun test-integration
+# second time on their own; make test-unit runs them alone. docs builds the site strictly first
+# (and installs the docs tools the docs tests use); the docs tests run in test-mpirun (unit) and
+# test-integration (every command the pages show, the built site in a browser).
+test: docs test-mpi test-mpirun test-integration
 
 test-unit: venv
 	$(PY) -m pytest -q --timeout=$(TEST_TIMEOUT) tests/unit
@@ -200,9 +202,41 @@ figures: venv
 	$(BIN)/mpi-sgd figures --script examples/sync_sgd.py --out-dir docs/figures
 
 lint: venv
-	$(BIN)/ruff check mpi_sgd examples tests
-	$(BIN)/ruff format --check mpi_sgd examples tests
+	$(BIN)/ruff check mpi_sgd examples tests docs/hooks
+	$(BIN)/ruff format --check mpi_sgd examples tests docs/hooks
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache results
+	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache results site
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +
+
+# -- documentation ----------------------------------------------------------------------------
+# The site: Markdown under docs/, arranged by mkdocs.yml, built with MkDocs and the Material theme.
+# --strict fails the build on a broken link, a missing anchor, a page outside the navigation or a
+# docstring reference that does not resolve. Nothing is fetched: the theme's web fonts are off and
+# every script and style ships with the theme. docs/hooks/ renders the CLI reference from the real
+# parsers and draws the floors from tests/unit/test_floors.py.
+DOCS_STAMP := $(VENV)/.installed-docs
+DOCS_ADDR ?= 127.0.0.1:8000
+# The Material theme's notice about its successor, printed on every build.
+export NO_MKDOCS_2_WARNING := 1
+
+$(DOCS_STAMP): $(STAMP)
+	$(PY) -m pip install -q -e ".[test,docs]"
+	touch $@
+
+docs: $(DOCS_STAMP)
+	$(BIN)/mkdocs build --strict --clean
+
+docs-serve: $(DOCS_STAMP)
+	$(BIN)/mkdocs serve --strict --dev-addr $(DOCS_ADDR)
+
+# Screenshots of the built site's home, a Learn and a Measured page, from headless Chromium (Debian's
+# chromium and chromium-driver packages), into results/docs-shots/.
+docs-shots: docs
+	MPI_SGD_DOCS_SHOTS=results/docs-shots $(PY) -m pytest -q -rs tests/integration/test_docs_site.py -k browser
+
+# The docs' blocks marked slow (benchmarks of minutes, clusters, GPUs) run as written. make test only
+# checks their flags with the entry points' real parsers; a block whose needs this machine lacks (two
+# hosts, Docker, a GPU, root) skips, saying which.
+test-docs-slow: docs
+	MPI_SGD_DOCS_SLOW=1 $(PY) -m pytest -q -rs --timeout=3600 tests/integration/test_docs_commands.py -m slow

@@ -5,7 +5,7 @@ For each strategy (data parallel, ZeRO stages 1-3, pipeline, parameter server) i
 model state one rank must hold (parameters, gradients, optimizer state: add your activations),
 whether that fits --memory, the bytes each rank sends per step and, given --t-comp, the predicted
 gradients per second; then the strategy to use and why. The formulas and their sources are in
-mpi_sgd/guide.py; the README's decision guide sets them beside what was measured here.
+mpi_sgd/guide.py; docs/use/choosing.md sets them beside what was measured.
 
   python examples/which_strategy.py --params 7B --memory 40GiB --network ib100 --ranks 64 --optimizer adam
   python examples/which_strategy.py --params 25M --memory 8GiB --network 1gbe --ranks 16 --t-comp .05 --slowdown 3

@@ -183,7 +183,7 @@ def compare(reports: list[HostReport], launcher: HostReport) -> None:
                 r.problem(
                     "network",
                     f"{r.name} would reach {peer} through {seen['dev']} (a local bridge): pin the "
-                    "interface (README: choosing the network interface)",
+                    "interface (docs/use/multi-host.md: choosing the network interface)",
                 )
         if f.get("shm_bytes", 0) < SHM_MIN:
             r.problem(

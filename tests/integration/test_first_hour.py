@@ -1,6 +1,7 @@
-"""What a new user meets first, run the way they run it: the README's scripts copied out of the
-README and launched at the ranks their first line says, and sync_sgd.py's one-line refusals and
-divergence stop under mpiexec -n 2."""
+"""What a new user meets first, run the way they run it: the scripts the documentation shows, copied
+out of its pages and launched at the ranks their first line says, and sync_sgd.py's one-line
+refusals and divergence stop under mpiexec -n 2. (A script whose page also shows its output, as a
+session, is run by tests/integration/test_docs_commands.py, which reads that output.)"""
 
 from __future__ import annotations
 
@@ -8,33 +9,36 @@ import re
 
 import pytest
 
-from .conftest import EXAMPLES, ROOT, run_mpi
+from tests import pages
+
+from .conftest import EXAMPLES, run_mpi
 
 ENV = {"OMP_NUM_THREADS": "1"}
 SCRIPT = str(EXAMPLES / "sync_sgd.py")
 LAUNCH = re.compile(r"# mpiexec -n (\d+) python (\S+)\n")
 
 
-def readme_scripts() -> dict[str, tuple[int, str, str]]:
-    """Every ```python block of README.md that opens with its launch line: file -> (ranks, code, section)."""
-    text = (ROOT / "README.md").read_text()
-    scripts, section = {}, ""
-    for part in re.split(r"(^## [^\n]*$|^```python\n.*?^```$)", text, flags=re.M | re.S):
-        if part.startswith("## "):
-            section = part[3:]
-        elif part.startswith("```python\n"):
-            code = part[len("```python\n") : -3]
+def docs_scripts() -> dict[str, tuple[int, str, str]]:
+    """Every ```python block of the pages, opening with its launch line: file -> (ranks, code, page)."""
+    scripts = {}
+    for page in pages.pages():
+        sessions = {c for b in pages.blocks(page) if b.is_session for c in b.commands()}
+        for block in pages.blocks(page):
+            if block.lang != "python":
+                continue
+            code = "\n".join(block.lines) + "\n"
             launch = LAUNCH.match(code)
-            assert launch, f"a python block in README section {section!r} does not open with its launch line"
-            scripts[launch.group(2)] = (int(launch.group(1)), code, section)
+            assert launch, f"{block.id}: a python block that does not open with its launch line"
+            if code.splitlines()[0][2:] not in sessions:
+                scripts[launch.group(2)] = (int(launch.group(1)), code, pages.name(page))
     return scripts
 
 
-SCRIPTS = readme_scripts()
+SCRIPTS = docs_scripts()
 
 
-def test_the_own_script_section_has_a_script_and_a_trainer_script():
-    own = {name for name, (_, _, section) in SCRIPTS.items() if section == "Use it in your own script"}
+def test_the_own_script_page_has_a_script_and_a_trainer_script():
+    own = {name for name, (_, _, page) in SCRIPTS.items() if page == "docs/use/own-script.md"}
     assert own == {"my_sgd.py", "my_trainer.py"}, SCRIPTS.keys()
     code = SCRIPTS["my_sgd.py"][1]
     for piece in ("nn.Module", "broadcast_parameters", "gradsync.make", "accumulate", "loss_scale", ".wait()"):
@@ -42,7 +46,7 @@ def test_the_own_script_section_has_a_script_and_a_trainer_script():
 
 
 @pytest.mark.parametrize("name", sorted(SCRIPTS))
-def test_readme_script_runs_as_written(name, tmp_path):
+def test_docs_script_runs_as_written(name, tmp_path):
     ranks, code, _ = SCRIPTS[name]
     (tmp_path / name).write_text(code)  # verbatim, run from a folder of its own as a user would
     out = run_mpi(ranks, str(tmp_path / name), env=ENV).stdout

@@ -1,8 +1,8 @@
 """The library's floors, read from its source: a lower floor never imports a higher one.
 
 Every import counts, the ones inside functions too. A new module goes on the floor of what it
-does (a parallelism strategy beside gradsync, a backend inside comm/); the README's "How the code
-is organised" says the same in words.
+does (a parallelism strategy beside gradsync, a backend inside comm/); the docs' "How the code
+is organised" (docs/contributing/architecture.md) says the same in words and draws FLOORS.
 """
 
 from __future__ import annotations
@@ -91,7 +91,7 @@ def imported_units(path: Path) -> set[str]:
 
 def test_every_module_has_a_floor():
     unknown = sorted({unit_of(p) for p in modules()} - set(FLOOR))
-    assert not unknown, f"add {unknown} to FLOORS in {Path(__file__).name} (and to the README's layout)"
+    assert not unknown, f"add {unknown} to FLOORS in {Path(__file__).name} (and to docs/contributing/architecture.md)"
 
 
 @pytest.mark.parametrize("path", modules(), ids=lambda p: str(p.relative_to(PACKAGE)))

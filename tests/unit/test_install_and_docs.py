@@ -1,5 +1,5 @@
-"""The install picks the torch build the README promises, and the README, the Makefile, the
-hostfiles and the commands' defaults say the same thing.
+"""The install picks the torch build the README and the Setup page promise, and the docs, the
+Makefile, the hostfiles and the commands' defaults say the same thing.
 
 `make venv-torch` is run for real, with a stand-in `python` (it records what it was asked and
 answers as a machine with or without a local wheel, a reachable CPU index and a GPU would) and
@@ -23,6 +23,7 @@ from tests.helpers import standalone_env
 
 ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()
+MULTI_HOST = (ROOT / "docs" / "use" / "multi-host.md").read_text()
 
 STAND_IN = """#!/bin/sh
 echo "$*" >> "$CALLS"
@@ -110,7 +111,7 @@ def test_unknown_torch_build_is_refused(tmp_path):
 def test_make_test_runs_the_readme_command_exactly():
     recipe = re.search(r"^test-mpirun:.*\n\t(.*)$", (ROOT / "Makefile").read_text(), re.M).group(1)
     assert recipe == 'PATH="$(BIN):$$PATH" mpirun -n 2 pytest --with-mpi'  # the venv activated, then the command
-    assert "\n   mpirun -n 2 pytest --with-mpi\n" in README
+    assert "```bash\nmpirun -n 2 pytest --with-mpi\n```" in README
     assert re.search(r"^test: .*\btest-mpirun\b", (ROOT / "Makefile").read_text(), re.M)
 
 
@@ -127,7 +128,7 @@ def test_hostfiles_name_the_hosts_the_readme_uses():
     for name in ("hydra", "openmpi"):
         lines = [ln for ln in (ROOT / "hostfiles" / name).read_text().splitlines() if ln and not ln.startswith("#")]
         assert [re.split(r"[: ]", ln)[0] for ln in lines] == hosts, name
-    assert f"blocks: 0,1 on {hosts[0]}; 2,3 on {hosts[1]}" in README
+    assert f"blocks: 0,1 on {hosts[0]}; 2,3 on {hosts[1]}" in MULTI_HOST
 
 
 def test_bench_workers_defaults_fit_the_cores():
