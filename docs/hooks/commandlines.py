@@ -31,6 +31,7 @@ INTERNAL = {
     "mpi_sgd.cli": "the `mpi-sgd` command itself",
     "mpi_sgd.cluster.probe": "what `mpi-sgd doctor` runs on each host over ssh",
     "mpi_sgd.bench.validate": "the training job `mpi-sgd bench validate` launches (sync_sgd.py's flags)",
+    "mpi_sgd.figures.ring": "the recorded ring all-reduce `mpi-sgd figures ring-allreduce` launches",
 }
 
 # mpiexec/mpirun/srun options that take one or two values (hydra's, Open MPI's and Slurm's spellings).
