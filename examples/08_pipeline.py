@@ -12,8 +12,7 @@ through the stages and their gradients flow back, as point-to-point messages.
 The gradients a stage accumulates over the m micro-batches are those of the unsplit model on the
 whole batch, so each rank stepping its own stage trains exactly the unsplit model: this script
 trains both (the reference in every process, on the same batches) and checks. Then it times a few
-steps at m = 1, 2, 4, 8 and prints the measured bubble next to (R-1)/(m+R-1). The library:
-mpi_sgd.pipeline; the full measurement: mpi-sgd bench pipeline.
+steps at m = 1, 2, 4, 8 and prints the measured bubble next to (R-1)/(m+R-1) (mpi_sgd.pipeline).
 """
 
 import copy
@@ -49,10 +48,8 @@ class Flags:
 parser = ArgumentParser(description=__doc__)
 args = parser.parse_flags(Flags)
 sizes = (32,) + (args.width,) * 5 + (10,)  # six layers, so up to six stages
-if placement().size > len(sizes) - 1:  # before any rank starts communicating
-    parser.fail(
-        f"this model has {len(sizes) - 1} layers, so at most {len(sizes) - 1} stages: run at most that many ranks"
-    )
+if placement().size > (n := len(sizes) - 1):  # before any rank starts communicating
+    parser.fail(f"this model has {n} layers, so at most {n} stages: run at most that many ranks")
 
 comm = init("mpi4py")
 pin_threads(comm.local_size)  # ranks sharing a host split its cores, as the benchmark does
@@ -74,8 +71,7 @@ for step in range(args.steps):
     loss = stage.forward_backward(x, y)  # x is read on stage 0, y on the last stage
     opt.step()
     ref_opt.zero_grad()
-    ref_loss = F.cross_entropy(reference(x), y)
-    ref_loss.backward()
+    (ref_loss := F.cross_entropy(reference(x), y)).backward()
     ref_opt.step()
     if stage.last:
         worst = max(worst, abs(loss - ref_loss.item()))
@@ -118,10 +114,7 @@ if comm.is_root:
     for m, ms, measured, ideal in rows:
         print(f"| {m:2d} | {ms:7.2f} | {measured:6.3f} | {ideal:13.3f} |")
     # At this size the table would mislead without a word: fixed costs, not the schedule, dominate it.
-    print(
-        f"(an op of this small model takes about {per_op_ms:.2f} ms at m = {rows[-1][0]}, so the fixed cost of each "
-        "op and message, paid m times, weighs as much as the compute: the step can grow with m and the bubble "
-        "stay above the formula; mpi-sgd bench pipeline times a model large enough to follow it)"
-    )
+    print(f"(an op takes about {per_op_ms:.2f} ms at m = {rows[-1][0]}: the fixed cost of each op and message,")
+    print(" paid m times, weighs as much as the compute; mpi-sgd bench pipeline times a model large enough for it)")
 if worst > tol:
     raise SystemExit(1)

@@ -106,15 +106,18 @@ def flag(
     names: tuple[str, ...] = (),
     required: bool = False,
     rest: bool = False,
+    positional: bool = False,
 ):
     """A dataclass field that is also the flag ``--name`` (and ``names``, e.g. ``("-f",)``).
 
     ``type`` parses the text (by default: from the default's type, :func:`integer` for ints,
     on/off ``--x``/``--no-x`` for bools); ``choices`` limits it. A ``required`` flag must be given
     on the command line; ``default`` is then what the dataclass holds when built in code. A
-    ``rest`` field is no flag but the list of every argument after the others (a command to run).
+    ``rest`` field is no flag but the list of every argument after the others (a command to run);
+    a ``positional`` one is a list of zero or more words among the flags, each parsed by ``type``.
     """
     meta = dict(help=help, type=type, choices=choices, metavar=metavar, names=names, required=required, rest=rest)
+    meta["positional"] = positional
     if isinstance(default, list):  # a list default must be fresh for every instance
         return field(default_factory=lambda: list(default), metadata=meta)
     return field(default=default, metadata=meta)
@@ -137,6 +140,11 @@ def _add_flag(parser: argparse.ArgumentParser, f) -> None:
     meta, default = f.metadata, _default(f)
     if meta["rest"]:
         parser.add_argument(f.name, nargs=argparse.REMAINDER, default=default, help=meta["help"])
+        return
+    if meta["positional"]:
+        parser.add_argument(
+            f.name, nargs="*", type=meta["type"], default=default, metavar=meta["metavar"], help=meta["help"]
+        )
         return
     names = (flag_name(f.name), *meta["names"])
     # A flag whose default is None says in its help what leaving it out means.

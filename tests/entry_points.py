@@ -36,6 +36,7 @@ MODULES = {
     "mpi_sgd.bench.validate": "mpi_sgd.bench.validate:train_job",
     "mpi_sgd.cluster.netns": "mpi_sgd.cluster.netns:main",
     "mpi_sgd.cluster.probe": "mpi_sgd.cluster.probe:main",
+    "mpi_sgd.figures.ring": "mpi_sgd.figures.ring:main",
 }
 LAUNCHER = ("PMI_", "OMPI_", "PMIX_", "HYDRA_", "SLURM_", "MPI_LOCAL", "RANK", "WORLD_SIZE", "LOCAL_RANK")
 

@@ -8,6 +8,7 @@ from tests.flag_checks import (
     PS_MAIN,
     SERVERS_OWN,
     TRAIN,
+    WRITE,
     Entry,
     FakeCluster,
     FakeTrainer,
@@ -201,3 +202,26 @@ PROBES["python -m mpi_sgd.cluster.netns"] = Entry(
     },
 )
 PROBES["python -m mpi_sgd.cluster.probe"] = Entry([], {}, {})  # host names, as positional arguments; no flags
+FIG = "mpi_sgd.figures.run."
+PROBES["mpi-sgd figures"] = Entry(
+    ["ring-allreduce"],
+    {FIG + "make": "stop", FIG + "draw": "stop", FIG + "finished": lambda a, _: True},
+    {
+        "names": probe(["zero-memory"], at(FIG + "make", "figure.name", "zero-memory"), base=False),
+        "--out-dir": probe("--out-dir {tmp}/o", at(FIG + "make", "out", lambda p: p.name == "o")),
+        "--work-dir": probe("--work-dir {tmp}/w", at(FIG + "make", "work", lambda p: p.parent.name == "w")),
+        # any file that exists serves: the figure's job is not run here
+        "--script": probe(
+            ["timeline-bucketed", "--script", "{tmp}/hosts"],
+            at(FIG + "make", "script", lambda s: s.endswith("hosts")),
+            base=False,
+        ),
+        "--redraw": probe("--redraw", at(FIG + "draw", "figure.name", "ring-allreduce"), never(FIG + "make")),
+    },
+)
+RING = "mpi_sgd.figures.ring."
+PROBES["python -m mpi_sgd.figures.ring"] = Entry(
+    ["--out", "r.json"],
+    {RING + "record": lambda a, _: {"ranks": 1}, WRITE: "stop"},
+    {"--out": probe("--out {tmp}/s.json", at(WRITE, "path", lambda p: str(p).endswith("s.json")))},
+)

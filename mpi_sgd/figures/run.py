@@ -28,6 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..args import UsageError, add_command, flag
 from ..launch import JobFailed, mpiexec_command, placement
 from ..timing import WARMUP_STEPS
 from . import allreduce, pipeline, ring, speedup, staleness, timeline, zero
@@ -178,19 +179,24 @@ def command_line(name: str, args) -> str:
     return " ".join(map(shlex.quote, words))
 
 
+def finished(work: Path) -> bool:
+    """Whether a run of the figure whose work folder this is ended and left its provenance."""
+    return (work / "provenance.json").is_file()
+
+
 def main(args) -> int:
     names = args.names or list(FIGURES)
     if "timeline-bucketed" in names and not args.redraw and not args.script:
-        args.parser.error("timeline-bucketed traces a training script: give --script, e.g. sync_sgd.py")
+        raise UsageError("timeline-bucketed traces a training script: give --script, e.g. sync_sgd.py")
     if args.redraw and args.script:
-        args.parser.error("--redraw runs no job, so --script would do nothing: leave one out")
+        raise UsageError("--redraw runs no job, so --script would do nothing: leave one out")
     if args.script and not Path(args.script).is_file():
-        args.parser.fail(f"--script {args.script}: no such file")
+        raise UsageError(f"--script {args.script}: no such file")
     for name in names if args.redraw else ():
-        if not (Path(args.work_dir) / name / "provenance.json").is_file():
-            args.parser.fail(f"--redraw: no finished run of {name} in {args.work_dir}; run it without --redraw first")
+        if not finished(Path(args.work_dir) / name):
+            raise UsageError(f"--redraw: no finished run of {name} in {args.work_dir}; run it without --redraw first")
     if placement().size > 1:
-        args.parser.error("run as one process (mpi-sgd figures): it launches its own mpiexec jobs")
+        raise UsageError("run as one process (mpi-sgd figures): it launches its own mpiexec jobs")
     out, failed = Path(args.out_dir), []
     for name in names:
         figure, work = FIGURES[name], Path(args.work_dir) / name
@@ -220,23 +226,27 @@ def figure_name(text: str) -> str:
     return text
 
 
-def add_parser(subparsers) -> None:
-    p = subparsers.add_parser(
-        "figures", help="run small real jobs and draw the docs' figures from them (one process)", description=__doc__
-    )
-    p.add_argument(
-        "names",
-        nargs="*",
-        type=figure_name,
+@dataclass(frozen=True)
+class Flags:
+    names: list = flag(
+        [],
+        f"figures to make, any of: {', '.join(FIGURES)} (default all)",
+        figure_name,
         metavar="FIGURE",
-        help=f"figures to make, any of: {', '.join(FIGURES)} (default all)",
+        positional=True,
     )
-    p.add_argument("--out-dir", default=DEFAULT_OUT, help=f"where the figures and sidecars go (default {DEFAULT_OUT})")
-    p.add_argument(
-        "--work-dir",
-        default="results/figures",
-        help="where the jobs' own output and each run's provenance are kept (default results/figures)",
+    out_dir: str = flag(DEFAULT_OUT, "where the figures and sidecars go")
+    work_dir: str = flag("results/figures", "where the jobs' own output and each run's provenance are kept")
+    script: str | None = flag(None, "the training script timeline-bucketed traces, e.g. sync_sgd.py")
+    redraw: bool = flag(False, "draw from the last run's data in --work-dir; run no job")
+
+
+def add_parser(subparsers) -> None:
+    add_command(
+        subparsers,
+        "figures",
+        Flags,
+        main,
+        help="run small real jobs and draw the docs' figures from them (one process)",
+        description=__doc__,
     )
-    p.add_argument("--script", help="the training script timeline-bucketed traces, e.g. sync_sgd.py")
-    p.add_argument("--redraw", action="store_true", help="draw from the last run's data in --work-dir; run no job")
-    p.set_defaults(func=main, parser=p)

@@ -26,6 +26,7 @@ from mpi_sgd.comm.wrappers.staged import DeviceStagedComm, StagedComm
 from mpi_sgd.comm.wrappers.stallreport import stall_report
 from mpi_sgd.comm.wrappers.watchdog import Watchdog
 from mpi_sgd.comm.wrappers.wrapper import CommWrapper
+from mpi_sgd.figures.ring import RecordingComm
 from mpi_sgd.paramserver.faults import ExitAfter
 
 PACKAGE = Path(__file__).resolve().parents[2] / "mpi_sgd"
@@ -112,6 +113,7 @@ BUILD = {
     "Watchdog": lambda inner: Watchdog(inner, timeout=7.0, abort_after=9.0, poll=0.25, report=_report),
     "FaultComm": lambda inner: FaultComm(inner, Fault.parse("0:3:nan")),
     "ExitAfter": lambda inner: ExitAfter(inner, 5, code=3),
+    "RecordingComm": lambda inner: RecordingComm(inner),  # no settings: its part starts with nothing sent
 }
 # Attributes that a part does not share with its parent by design: each part starts afresh.
 OWN = {"inner", "_built_with", "phase_t"}  # phase_t: when the watchdog last heard where(), a clock reading
