@@ -19,6 +19,7 @@ from .comm import BACKENDS, TORCH_BACKENDS
 from .comm.wrappers.compress import DTYPES as COMPRESS_DTYPES
 from .data import BUILTIN
 from .gradsync import STRATEGIES
+from .lrschedule import SCALINGS, SCHEDULES, parse_warmup
 from .models import MODELS
 
 OPTIMIZERS = ("sgd", "adam")
@@ -86,6 +87,23 @@ class TrainConfig:
     stall_abort: float | None = _flag(
         None, "abort once a rank has waited this long (None: at the stall timeout; 0: report only)", float
     )
+    lr_scaling: str = _flag(
+        "none", "scale --lr with the global batch R*B against --base-batch: none, linear (Goyal et al.) or sqrt"
+    )
+    base_batch: int = _flag(0, "the batch --lr was chosen for, for --lr-scaling and --adascale (0: --batch-size)")
+    warmup: str = _flag("0", "raise the rate gradually over this many steps (500) or epochs (2ep), Goyal et al.")
+    schedule: str = _flag("constant", f"learning-rate schedule after warm-up: {', '.join(SCHEDULES)}")
+    adascale: bool = _flag(
+        False, "AdaScale (Johnson et al. 2020): scale the rate by the gain the measured noise scale gives, each step"
+    )
+    noise_scale: bool = _flag(
+        False, "measure the gradient noise scale B_noise (McCandlish et al. 2018) and report it per epoch"
+    )
+    target_val_loss: float | None = _flag(None, "stop once the held-out loss is at most this; report the time", float)
+    target_val_accuracy: float | None = _flag(
+        None, "stop once the held-out accuracy is at least this; report the time to it", float
+    )
+    eval_every: int = _flag(0, "also score the held-out set for the target every this many steps (0: per epoch)")
     progress: bool | None = _flag(
         None,
         "progress bar on the root rank: --progress always, --no-progress never; by default only on a terminal",
@@ -156,6 +174,44 @@ class TrainConfig:
             flag = "--" + name.replace("_", "-")
             check(value is None or 0 <= value < float("inf"), f"{flag} must be 0 or more seconds, got {value}")
         check(0 <= self.val_fraction < 1, f"--val-fraction must be in [0, 1), got {self.val_fraction}")
+        self._check_rates()
+
+    def _check_rates(self) -> None:
+        """The time-to-accuracy flags: learning-rate rules, noise scale and target."""
+        problems = [
+            (self.lr_scaling not in SCALINGS, f"unknown --lr-scaling {self.lr_scaling!r}; choose one of {SCALINGS}"),
+            (self.schedule not in SCHEDULES, f"unknown --schedule {self.schedule!r}; choose one of {SCHEDULES}"),
+            (self.base_batch < 0, f"--base-batch must be 0 or more, got {self.base_batch}"),
+            (
+                self.adascale and self.lr_scaling != "none",
+                "--adascale scales the rate itself: leave --lr-scaling at none",
+            ),
+            (
+                (self.noise_scale or self.adascale) and self.amp == "fp16",
+                "--noise-scale and --adascale read gradient norms, which fp16's loss scaler changes: use --amp bf16",
+            ),
+            (
+                self.target_val_loss is not None and self.target_val_accuracy is not None,
+                "give one target: --target-val-loss or --target-val-accuracy",
+            ),
+            (
+                (self.target_val_loss is not None or self.target_val_accuracy is not None) and not self.val_fraction,
+                "a target is checked on the held-out set: --val-fraction must be above 0",
+            ),
+            (self.eval_every < 0, f"--eval-every must be 0 or more, got {self.eval_every}"),
+            (
+                self.eval_every > 0 and self.target_val_loss is None and self.target_val_accuracy is None,
+                "--eval-every checks a target: give --target-val-loss or --target-val-accuracy",
+            ),
+        ]
+        for bad, message in problems:
+            if bad:
+                raise ValueError(message)
+        parse_warmup(self.warmup)
+        for name in ("target_val_loss", "target_val_accuracy"):
+            value = getattr(self, name)
+            if value is not None and not math.isfinite(value):
+                raise ValueError(f"--{name.replace('_', '-')} must be a finite number, got {value}")
 
     def check_machine(self, world_size: int) -> None:
         """Raise ValueError if this machine cannot run the configuration: its device or backend.
@@ -185,5 +241,10 @@ class TrainConfig:
             )
         # mpi4py with --device cuda needs no check: init() stages GPU tensors through pinned host
         # memory where the MPI library is not CUDA-aware (mpi_sgd.comm.gpu, mpi_sgd.comm.wrappers.staged).
+        if (self.noise_scale or self.adascale) and world_size == 1 and (self.grad_accum < 2 or self.zero):
+            raise ValueError(
+                "--noise-scale at one process compares micro-batches with the step: give --grad-accum 2 or more "
+                "(and no --zero), or run two or more ranks"
+            )
         if self.backend == "local" and world_size > 1:
             raise ValueError(f"--backend local is one process, but this job has {world_size}; use mpi4py or gloo")

@@ -63,7 +63,23 @@ class GradSync(NonFiniteFlag):
         self.loss_scale = 1.0  # multiply the loss by this before backward
         self.events = events  # (name, start, duration) tuples when a timeline is wanted
         self._sending = False  # inside accumulate(last=True): backward may start communicating
+        self.noise = None  # a mpi_sgd.noisescale.NoiseProbe, to measure the gradient noise scale
         self.reset_nonfinite()
+
+    def outgoing(self, buf: torch.Tensor, shards: int = 1, result: torch.Tensor | None = None) -> torch.Tensor:
+        """Every buffer a strategy sends, just before the collective: measured for the noise scale
+        (if on), then checked for non-finite values (:meth:`NonFiniteFlag.outgoing`)."""
+        if self.noise is not None:
+            self.noise.sent(buf, self.loss_scale)
+        return super().outgoing(buf, shards, result)
+
+    def averaged_part_sq(self) -> torch.Tensor:
+        """After :meth:`wait`: this rank's part of the averaged gradient's squared norm, the parts of
+        all ranks summing to the whole (every R-th parameter here, as every rank holds them all)."""
+        from .noisescale import sliced_sq_norm
+
+        size, rank = (self.comm.size, self.comm.rank) if self.comm is not None else (1, 0)
+        return sliced_sq_norm([p.grad for p in self.params], rank, size)
 
     def zero_grad(self) -> None:
         # None rather than zeros: autograd then hands its fresh gradient over without a copy.

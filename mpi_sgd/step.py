@@ -81,6 +81,9 @@ def train_step(
     sync.seconds = 0.0
     sync.zero_grad()
     sync.begin_step()
+    noise = getattr(sync, "noise", None)  # measuring the gradient noise scale (mpi_sgd.noisescale), or None
+    if noise is not None:
+        noise.begin_step()
     stats = torch.zeros(3, dtype=torch.float64, device=x.device)  # summed where the loss is: no copy per step
     for i, (xm, ym) in enumerate(zip(x.chunk(grad_accum), y.chunk(grad_accum), strict=True)):
         with sync.accumulate(last=i == grad_accum - 1):
@@ -96,18 +99,24 @@ def train_step(
             amp.backward(loss * (sync.loss_scale / grad_accum))
             sync.record("forward", t0, t1)
             sync.record("backward", t1, time.perf_counter())
+        if noise is not None and i == 0:
+            noise.first_micro_batch(sync.params)  # one process: the small batch is this micro-batch
         with torch.no_grad():
             stats[0] += loss.detach().double() * len(ym)
             if classification:
                 stats[1] += (out.argmax(1) == ym).sum()
             stats[2] += len(ym)
     sync.wait()
+    if noise is not None:
+        noise.averaged(sync.averaged_part_sq())
     if hook is not None:
         hook("averaged")
     sync.where("optimizer")
     t0 = time.perf_counter()
     finite = sync.finite()
     if finite:
+        if noise is not None:
+            noise.commit()
         amp.step(optimizer)  # with fp16's scaler: skipped on every rank alike if a gradient overflowed
     end = time.perf_counter()
     sync.record("optimizer", t0, end)

@@ -35,6 +35,7 @@ from .amp import MixedPrecision
 from .checkpoint import CheckpointError, Progress, resume, save_training
 from .comm import split_counts
 from .config import TrainConfig
+from .convergence import Convergence
 from .gradsync import GradSync
 from .launch import processes_line
 from .models import build_model
@@ -79,6 +80,8 @@ class Trainer:
         self.history: list[dict] = []
         self.events = sync.events  # shared with the strategy, which adds its allreduces
         self.amp = MixedPrecision(cfg.amp, next(model.parameters()).device.type)
+        # rates, noise scale, target; a schedule spans --epochs (--max-steps only cuts a run short)
+        self.conv = Convergence(cfg, comm, sync, self.steps_per_epoch, cfg.epochs * self.steps_per_epoch)
         if self.events is not None:
             comm.barrier()  # so every rank's timeline starts from (nearly) the same instant
         self._t0 = time.perf_counter()
@@ -121,7 +124,9 @@ class Trainer:
         """One step on this rank's batch, its times kept; returns (loss sum, correct, samples) to log,
         zeros for a step left out because some rank's loss or gradient was not finite."""
         self.comm.where("batch", self.step + 1)  # steps count from 1, as a stall report names them
+        self.conv.before_step(self.optimizer)
         step = train_step(self.model, self.optimizer, self.sync, x, y, self.cfg.grad_accum, self.amp)
+        self.conv.after_step(step.finite)
         self.t_comp.append(step.t_comp)
         self.t_sync.append(step.t_sync)
         if not step.finite:  # the same verdict on every rank, at the same step
@@ -153,27 +158,32 @@ class Trainer:
                 self._check_replicas()
             if comm.is_root and s % 10 == 0 and stats[2] > 0:
                 bar.set_postfix(loss=f"{stats[0].item() / stats[2].item():.4f}")
+            if self.conv.eval_due(self.step):  # every rank alike: the scores come out of one all-reduce
+                self._score_target()
             if self._done():
                 break
         bar.close()
         # Loss and accuracy over all R*B samples of the epoch and over the held-out set: one small
         # all-reduce per epoch.
         self.comm.where("evaluate")
-        stats = torch.cat([stats, self._evaluate()])
+        stats = torch.cat([stats, self._evaluate(), self.conv.epoch_sums(stats.device)])
         comm.allreduce(stats, "sum")
-        loss, correct, n, val_loss, val_correct, val_n = stats.tolist()
+        loss, correct, n, val_loss, val_correct, val_n = stats[:6].tolist()
         classification = self.dataset.classification
         row = {"epoch": epoch, "loss": loss / max(n, 1), "seconds": time.perf_counter() - started}
         row["accuracy"] = correct / max(n, 1) if classification else None
         row["val_loss"] = val_loss / val_n if val_n else None
         row["val_accuracy"] = val_correct / val_n if val_n and classification else None
         row["skipped"] = self.skipped
+        row.update(self.conv.epoch_row(stats[6:].tolist()))
+        self.conv.check_target(row, self.step, time.perf_counter() - self._t0)
         self.history.append(row)
         if comm.is_root:
             text = f"epoch {epoch:3d}  loss {row['loss']:.4f}"
             text += f"  accuracy {row['accuracy']:.3f}" if classification else ""
             text += f"  val loss {row['val_loss']:.4f}" if val_n else ""
             text += f"  val accuracy {row['val_accuracy']:.3f}" if val_n and classification else ""
+            text += f"  B_noise {row['b_noise']:.4g}" if row.get("b_noise") is not None else ""
             print(f"{text}  ({row['seconds']:.1f} s)", flush=True)
 
     def _on_nonfinite(self, stats: torch.Tensor) -> None:
@@ -208,16 +218,27 @@ class Trainer:
         mine = slice(start, start + counts[self.comm.rank])
         return evaluate(self.model, self.val.x[mine], self.val.y[mine])
 
+    def _score_target(self) -> None:
+        """Score the held-out set now (one small all-reduce) and check the target: ``--eval-every``."""
+        self.comm.where("evaluate")
+        stats = self._evaluate()
+        self.comm.allreduce(stats, "sum")
+        val_loss, val_correct, val_n = stats.tolist()
+        row = {"val_loss": val_loss / val_n, "val_accuracy": val_correct / val_n}
+        self.conv.check_target(row, self.step, time.perf_counter() - self._t0)
+
     def _check_replicas(self) -> None:
         # ZeRO stage 3 holds no replica: each rank keeps its own shard of the parameters.
         if getattr(self.sync, "stage", 0) != 3:
             agree.check_replicas(self.comm, self.model, self.step)
 
     def _done(self) -> bool:
-        return 0 < self.cfg.max_steps <= self.step
+        return 0 < self.cfg.max_steps <= self.step or self.conv.reached
 
     def train(self) -> dict:
         cfg = self.cfg
+        for line in self.conv.describe() if self.comm.is_root else ():
+            print(line, flush=True)
         while self.epoch < cfg.epochs and not self._done():
             self._run_epoch(self.epoch)
             if self.step_in_epoch == self.steps_per_epoch:
@@ -226,12 +247,22 @@ class Trainer:
                 self.comm.where("checkpoint")
                 self._save_checkpoint(cfg.checkpoint)
         self._check_replicas()  # silent divergence cannot pass
+        if self.conv.target is not None and self.comm.is_root:
+            print(self.conv.target.line(self.time_to_target()), flush=True)
         return self.metrics()
+
+    def time_to_target(self) -> dict | None:
+        """Steps, samples, epochs and seconds to ``--target-val-*``, or how far the run got (None: no target)."""
+        if self.conv.target is None:
+            return None
+        return self.conv.target.summary(self.step, time.perf_counter() - self._t0)
 
     # -- checkpoints ------------------------------------------------------------------------
     def _save_checkpoint(self, directory: str) -> None:
         progress = Progress(self.epoch, self.step_in_epoch, self.step)
-        save_training(directory, self.comm, self.model, self.optimizer, self.amp, self.cfg, progress)
+        save_training(
+            directory, self.comm, self.model, self.optimizer, self.amp, self.cfg, progress, self.conv.schedule
+        )
 
     def load_checkpoint(self, path: str, auto: bool = False) -> str | None:
         """Resume from ``path``: a ``--checkpoint`` directory (its newest checkpoint), one ``step-N``
@@ -241,7 +272,7 @@ class Trainer:
         rank alike, for one that cannot be read or fails its checksum, one written for another
         model or optimizer, and one that leaves nothing to train within ``--epochs``/``--max-steps``.
         """
-        found = resume(path, self.comm, self.model, self.optimizer, self.amp, self.cfg, auto)
+        found = resume(path, self.comm, self.model, self.optimizer, self.amp, self.cfg, auto, self.conv.schedule)
         if found is None:
             return None
         path, at = found
@@ -280,6 +311,7 @@ class Trainer:
             summary[name] = statistics.fmean(slowest) if slowest else 0.0
         return {
             "skipped_steps": self.skipped,
+            "time_to_target": self.time_to_target(),
             "world_size": self.comm.size,
             "backend": self.comm.backend,
             "effective_batch": self.comm.size * self.cfg.batch_size,

@@ -32,12 +32,12 @@ class Progress:
     step: int
 
 
-def save_training(directory: str, comm, model, optimizer, amp, cfg, progress: Progress) -> None:
+def save_training(directory: str, comm, model, optimizer, amp, cfg, progress: Progress, schedule=None) -> None:
     """Checkpoint the run into ``directory`` (``--checkpoint``), keeping ``cfg.keep_checkpoints``.
 
     A collective: every rank sends its RNG state to the root (dropout masks differ per rank, so a
     resume is bit-exact only with all of them), and a sharded optimizer gathers its shards; then
-    the root writes.
+    the root writes. ``schedule`` (an :class:`~mpi_sgd.lrschedule.LRSchedule`) is saved with them.
     """
     mine = torch.get_rng_state()
     rng = torch.zeros(comm.size, mine.numel(), dtype=torch.uint8) if comm.is_root else None
@@ -65,12 +65,15 @@ def save_training(directory: str, comm, model, optimizer, amp, cfg, progress: Pr
         "world_size": comm.size,
         "rng": rng,
         "amp": amp.state_dict(),
+        "schedule": schedule.state_dict() if schedule is not None else None,
     }
     meta = {"step": progress.step, "epoch": progress.epoch, "world_size": comm.size, "config": asdict(cfg)}
     save(serialize(state), meta, directory, progress.step, cfg.keep_checkpoints)
 
 
-def resume(path: str, comm, model, optimizer, amp, cfg, auto: bool = False) -> tuple[str, Progress] | None:
+def resume(
+    path: str, comm, model, optimizer, amp, cfg, auto: bool = False, schedule=None
+) -> tuple[str, Progress] | None:
     """Load the checkpoint at ``path`` into ``model``, ``optimizer`` and ``amp`` on every rank, and
     set this rank's RNG: the checkpoint used and where the loop stands; None if ``auto`` found none.
 
@@ -85,6 +88,8 @@ def resume(path: str, comm, model, optimizer, amp, cfg, auto: bool = False) -> t
     restore(state, model, optimizer, path, meta, asdict(cfg))
     amp.load_state_dict(state.get("amp"))
     progress = Progress(state["epoch"], state["step_in_epoch"], state["step"])
+    if schedule is not None:  # a checkpoint from before schedules: the rules restart at its step
+        schedule.load_state_dict(state.get("schedule") or {"step": progress.step, "tau": float(progress.step)})
     if state["world_size"] == comm.size:
         torch.set_rng_state(state["rng"][comm.rank].clone())
     else:

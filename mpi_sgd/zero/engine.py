@@ -115,6 +115,10 @@ class ZeroEngine(GradSync):
         if not self._idle:
             self._finish()
 
+    def averaged_part_sq(self) -> torch.Tensor:
+        """After :meth:`wait`: the squared norm of this rank's shards, which sum over ranks to the whole."""
+        return sum(u.grad_shard.view(-1).dot(u.grad_shard.view(-1)).double() for u in self.units)
+
     @contextlib.contextmanager
     def full_parameters(self):
         """Every parameter of the model present inside the block (stage 3 gathers, then frees). A collective."""

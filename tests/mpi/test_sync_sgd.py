@@ -83,6 +83,44 @@ def test_equals_one_process_at_batch_RB(comm, strategy, optimizer):
     assert_same_on_every_rank(comm, got)
 
 
+def test_linear_scaling_equals_one_process_at_the_scaled_rate(comm):
+    # --lr-scaling linear from --base-batch B: R ranks step at R*lr, which is one process at batch
+    # R*B and rate R*lr (the same tolerance: only the order of additions differs).
+    cfg = train_config(lr=0.02, lr_scaling="linear", base_batch=B)
+    ds = regression_set(comm.size)
+    trainer = distributed(comm, cfg, ds)
+    trainer.train()
+    want = reference(comm.size, train_config(lr=0.02 * comm.size), ds)
+    torch.testing.assert_close(flat_params(trainer.model), want, rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize(
+    "rules",
+    [
+        dict(lr_scaling="sqrt", warmup="3", schedule="cosine"),
+        dict(adascale=True, warmup="2", schedule="step", grad_accum=2),
+    ],
+    ids=["sqrt-warmup-cosine", "adascale"],
+)
+def test_resume_with_a_schedule_is_bit_exact(comm, rules):
+    # The schedule's state (steps, scale-invariant progress, AdaScale's running estimates) is in the
+    # checkpoint: stopping at step 4 and resuming applies the rates of the run that never stopped.
+    ds = regression_set(comm.size)  # 3 steps per epoch: the run of 8 crosses two epoch boundaries
+    folder = comm.bcast_obj(tempfile.mkdtemp(prefix="mpi-sgd-schedule-") if comm.is_root else None)
+    path = os.path.join(folder, "ckpt")
+    whole = distributed(comm, train_config(max_steps=8, epochs=3, **rules), ds)
+    whole.train()
+    first = distributed(comm, train_config(max_steps=4, epochs=3, checkpoint=path, **rules), ds)
+    first.train()
+    second = distributed(comm, train_config(max_steps=8, epochs=3, **rules), ds)
+    second.load_checkpoint(path)
+    second.train()
+    assert torch.equal(flat_params(second.model), flat_params(whole.model))
+    comm.barrier()
+    if comm.is_root:
+        shutil.rmtree(folder)
+
+
 @pytest.mark.parametrize("strategy", gradsync.STRATEGIES)
 def test_gradient_accumulation_is_one_step_of_the_whole_batch(comm, strategy):
     cfg = train_config(strategy=strategy, grad_accum=4)
