@@ -1,7 +1,10 @@
 # python examples/speedup.py --t-comp 1 --t-sync 1 --ranks 1,2,3,4
-"""Will R more ranks pay? [S-SGD]'s law, T_epoch = N/(R·B)·(T_comp + T_sync), for your numbers.
+"""Will R more ranks pay? Per epoch ([S-SGD]'s law) and to accuracy (the gradient noise scale), for your numbers.
 
-Distribution pays iff T_sync/T_comp < R − 1. T_comp and T_sync come from flags, from a
+Per epoch, T_epoch = N/(R·B)·(T_comp + T_sync): distribution pays iff T_sync/T_comp < R − 1. To a
+target accuracy, the global batch R·B needs S_min·(1 + B_noise/R·B) steps (McCandlish et al. 2018),
+so past the critical batch B_noise more ranks stop paying: give --b-noise (or --metrics-json of a
+run with --noise-scale) for that answer beside the first. T_comp and T_sync come from flags, from a
 calibration measured on your machine, or from a network's α and β and your parameter count:
 
     python examples/speedup.py --calibrate --save results/calibration.json    # starts mpiexec -n 2
@@ -9,8 +12,11 @@ calibration measured on your machine, or from a network's α and β and your par
     python examples/speedup.py --calibration results/calibration.json --ranks 1,2,4,8,16
     python examples/speedup.py --calibration results/calibration.json --network 10gbe
     python examples/speedup.py --t-comp 0.008 --network ib100 --params 1.86M --ranks 1,2,4,8,64
+    python examples/speedup.py --t-comp 0.0011 --t-sync 0.0002 --batch-size 32 --ranks 1,2,8,16 --b-noise 50
 """
 
+import json
+import statistics
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,6 +60,13 @@ class Flags:
     batch_size: int = flag(64, "B: per-rank (weak) or global (strong) batch", positive_int)
     scaling: str = flag("weak", "weak: fixed per-rank B; strong: fixed global B", choices=pm.SCALINGS)
     plot: Path | None = flag(None, "also draw speedup against R into this PNG, e.g. results/speedup.png", Path)
+    b_noise: float | None = flag(None, "the gradient noise scale B_noise, for the time-to-target answer", nonneg_float)
+    metrics_json: Path | None = flag(
+        None, "read B_noise from a run's --metrics-json (trained with --noise-scale)", Path
+    )
+    s_min: float | None = flag(
+        None, "fewest steps to the target at any batch, for times to it in seconds", positive_float
+    )
 
     def __post_init__(self):  # every check that can fail, before a rank measures or communicates
         measured, network = self.calibrate or self.calibration, self.alpha is not None or self.network
@@ -78,6 +91,21 @@ class Flags:
             raise ValueError("--calibration would go unused beside --calibrate, or beside --t-comp and --t-sync")
         if not self.calibrate and (self.save or self.layers or self.max_bytes != MAX_BYTES):
             raise ValueError("--save, --max-bytes and --layers go with --calibrate")
+        if self.b_noise is not None and self.metrics_json:
+            raise ValueError("give --b-noise or --metrics-json, not both")
+        if self.s_min is not None and self.b_noise is None and not self.metrics_json:
+            raise ValueError("--s-min goes with --b-noise or --metrics-json (the time-to-target answer)")
+
+
+def b_noise_of_run(path: Path) -> float:
+    """The mean of the per-epoch B_noise a run with --noise-scale wrote into its --metrics-json."""
+    try:
+        values = [e["b_noise"] for e in json.loads(path.read_text())["epochs"] if e.get("b_noise") is not None]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        parser.fail(f"cannot read B_noise from {path}: {e}")
+    if not values:
+        parser.fail(f"{path} holds no B_noise: train with --noise-scale")
+    return statistics.fmean(values)
 
 
 parser = ArgumentParser(description=__doc__)
@@ -114,10 +142,61 @@ else:
 
 points = pm.scaling(compute, sync, args.ranks, args.samples, args.batch_size, args.scaling)
 print(f"T_comp = {compute.t_comp:g} s at batch {compute.batch}; {sync.describe()}")
-print(f"N = {args.samples} samples, B = {args.batch_size} ({args.scaling} scaling)\n")
+assumed = [
+    f"{name} (the default; give {flag} for yours)"
+    for name, flag, default in (
+        (f"N = {args.samples} samples per epoch", "--samples", args.samples == 60_000),
+        (
+            f"B = {args.batch_size} {'per rank' if args.scaling == 'weak' else 'in all'}",
+            "--batch-size",
+            args.batch_size == 64,
+        ),
+    )
+    if default
+]
+print(
+    f"N = {args.samples} samples, B = {args.batch_size} ({args.scaling} scaling)"
+    + "".join(f"; assumed: {a}" for a in assumed)
+)
+measured_at = calib.meta.get("ranks") if calib is not None and args.t_sync is None else None
+if measured_at and max(args.ranks) > measured_at:
+    print(
+        f"* R above {measured_at}: extrapolated by the α-β model from a calibration measured at {measured_at} rank(s)"
+    )
+print()
 print(markdown_table(pm.TABLE_HEADERS, pm.table_rows(points)))
-print("\ndistribution pays iff T_sync/T_comp < R - 1 ([S-SGD])")
+print("\nper epoch, distribution pays iff T_sync/T_comp < R - 1 ([S-SGD])")
+for p in points[1:] if args.scaling == "strong" else ():
+    if p.pays and p.efficiency < 0.5:
+        print(
+            f"R = {p.ranks} pays only {p.speedup:.2f}x for {p.ranks}x the ranks (efficiency {100 * p.efficiency:.0f}%)"
+        )
+
+b_noise = b_noise_of_run(args.metrics_json) if args.metrics_json else args.b_noise
+target = None
+if b_noise is not None:
+    target = pm.time_to_target(compute, sync, args.ranks, args.batch_size, b_noise, args.s_min, args.scaling)
+    source = f"mean over the epochs of {args.metrics_json}" if args.metrics_json else "--b-noise"
+    print(f"\nto a target accuracy: B_noise = {b_noise:.4g} ({source}); steps S(B) = S_min(1 + B_noise/B)\n")
+    print(markdown_table(pm.TARGET_HEADERS, pm.target_rows(target, measured_at)))
+    print("pays (to the target): reaches it sooner than R = 1; by the factor in 'speedup to target'")
+    for p in target[1:]:
+        if p.pays_epoch != p.pays:  # the two laws disagree on the verdict
+            says = f"pays per epoch ({p.speedup_epoch:.2f}x) but not to the target ({p.speedup_target:.2f}x)"
+        elif p.speedup_target < 0.5 * p.speedup_epoch:  # or on how much by a factor of 2 or more
+            says = f"{p.speedup_epoch:.2f}x per epoch but only {p.speedup_target:.2f}x to the target"
+        else:
+            continue
+        steps = f"global batch {p.global_batch:g} against B_noise {b_noise:.3g} needs {p.steps_ratio:.2f}x the steps"
+        print(f"R = {p.ranks}: {says}: {steps} of R = 1, not 1/{p.ranks}")
+    fastest = pm.best(target)
+    print(f"fastest to the target: R = {fastest.ranks} ({fastest.speedup_target:.2f}x R = 1)")
+    if args.s_min is not None:
+        print("time to the target: " + ", ".join(f"R = {p.ranks}: {p.seconds:.4g} s" for p in target))
 
 if args.plot:
     args.plot.parent.mkdir(parents=True, exist_ok=True)
-    print(f"plot written to {pm.plot_scaling(points, args.plot, sync.describe())}")
+    if target is not None:
+        print(f"plot written to {pm.plot_target(target, args.plot, f'{sync.describe()}; B_noise {b_noise:.3g}')}")
+    else:
+        print(f"plot written to {pm.plot_scaling(points, args.plot, sync.describe())}")

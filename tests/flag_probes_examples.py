@@ -86,7 +86,17 @@ PROBES = {
                 on_nonfinite=("skip", "skip"),
                 check_every=("7", 7),
                 progress=(None, True),
+                lr_scaling=("linear", "linear"),
+                base_batch=("16", 16),
+                warmup=("2ep", "2ep"),
+                schedule=("cosine", "cosine"),
+                target_val_loss=("0.3", 0.3),
+                target_val_accuracy=("0.9", 0.9),
             ),
+            # one process measures the noise scale between micro-batches: it needs two or more
+            "--noise-scale": probe("--noise-scale --grad-accum 2", at(TRAIN, "cfg.noise_scale", True)),
+            "--adascale": probe("--adascale --grad-accum 2", at(TRAIN, "cfg.adascale", True)),
+            "--eval-every": probe("--eval-every 5 --target-val-loss 0.1", at(TRAIN, "cfg.eval_every", 5)),
             "--dataset": probe("--dataset blobs", at(PREPARE, "name", "blobs")),
             "--val-fraction": probe("--val-fraction 0.25", at(PREPARE, "val_fraction", 0.25)),
             "--seed": probe("--seed 7", at(PREPARE, "seed", 7), at(TRAIN, "cfg.seed", 7)),
@@ -227,6 +237,9 @@ PROBES["examples/speedup.py"] = Entry(
         "--plot": probe(
             "--plot {tmp}/s.png", at("mpi_sgd.perfmodel.plot_scaling", "path", lambda p: p.name == "s.png")
         ),
+        "--b-noise": probe("--b-noise 50", prints(r"^to a target accuracy: B_noise = 50 \(--b-noise\)")),
+        "--metrics-json": probe("--metrics-json {tmp}/m.json", prints(r"B_noise = 40 \(mean over the epochs")),
+        "--s-min": probe("--b-noise 50 --s-min 10", prints(r"^time to the target: R = 1: ")),
     },
 )
 

@@ -58,3 +58,26 @@ def plot_scaling(points: Sequence[ScalingPoint], path, title: str = ""):
     fig.savefig(path, dpi=120)
     fig.clf()
     return path
+
+
+def plot_target(points, path, title: str = "", measured: dict | None = None):
+    """Speedup against R, per epoch ([S-SGD]) and to the target (the noise-scale model), as a PNG;
+    ``measured`` ({R: speedup to the target}) adds the measured points."""
+    from ..report import new_figure
+
+    ranks = [p.ranks for p in points]
+    fig, ax = new_figure(figsize=(6, 4))
+    ax.plot(ranks, ranks, "--", color="grey", label="ideal")
+    ax.axhline(1.0, color="red", lw=1, label="break-even")
+    ax.plot(ranks, [p.speedup_epoch for p in points], "o-", label="per epoch ([S-SGD]'s law)")
+    ax.plot(ranks, [p.speedup_target for p in points], "s-", label="to the target (noise-scale model)")
+    if measured:
+        ax.plot(list(measured), list(measured.values()), "k*", ms=10, label="measured to the target")
+    ax.set_xlabel("ranks R")
+    ax.set_ylabel("speedup over 1 rank")
+    ax.set_title(textwrap.fill(title, 80), fontsize=8)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    fig.clf()
+    return path

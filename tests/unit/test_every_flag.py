@@ -27,13 +27,14 @@ PROBES = EXAMPLES | COMMANDS
 
 # -- the tests --------------------------------------------------------------------------------------
 def write_inputs(tmp_path) -> None:
-    """The files some probes read: a calibration (speedup --calibration) and a hostfile (doctor)."""
+    """The files some probes read: a calibration (speedup --calibration), a hostfile (doctor), a run's metrics."""
     from mpi_sgd import perfmodel as pm
     from mpi_sgd.calibrate import Calibration, StepTiming, SweepPoint
 
     cal = Calibration(pm.Network(1e-6, 1e-10), "ring", StepTiming(0.01, 64, 1000, "mlp"), (SweepPoint(4, 2, 1, 1, 1),))
     cal.save(tmp_path / "c.json")
     (tmp_path / "hosts").write_text("x:2\ny:1\n")
+    (tmp_path / "m.json").write_text('{"epochs": [{"b_noise": 30.0}, {"b_noise": 50.0}]}')  # speedup --metrics-json
 
 
 def test_every_entry_point_has_probes():
