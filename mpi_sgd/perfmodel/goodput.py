@@ -19,9 +19,11 @@ and the speedup to the target, against one process at batch B,
     speedup_target(R) = S(B)·T_step(1) / (S(R·B)·T_step(R)) = speedup_epoch(R) · S(B) / (R·S(R·B))
 
 which does not need S_min, only B_noise: where R·B ≪ B_noise, S(R·B) ≈ S(B)/R and the two laws
-agree; where R·B ≫ B_noise, S(R·B) ≈ S_min and R ranks buy at most (1 + B_noise/B) of speedup. Statistical efficiency (Pollux, Qiao et al. OSDI 2021)
-is the progress a sample buys at batch b relative to the small-batch limit, E(b) =
-B_noise/(B_noise + b); goodput, progress per second, is throughput times E.
+agree; where R·B ≫ B_noise, S(R·B) ≈ S_min and R ranks buy at most (1 + B_noise/B) of speedup.
+
+Statistical efficiency (Pollux, Qiao et al. OSDI 2021) is the progress a sample buys at batch b
+relative to the small-batch limit, E(b) = B_noise/(B_noise + b); goodput, progress per second, is
+throughput times E.
 
 Strong scaling keeps the global batch, so S does not change with R and both laws agree.
 """
@@ -58,7 +60,7 @@ def fit(points: Sequence[tuple[float, float]]) -> tuple[float, float]:
         raise ValueError("fitting S_min and B_noise needs steps measured at two or more batch sizes")
     xs = [1 / b for b, _ in points]
     ys = [s for _, s in points]
-    n, mx, my = len(xs), sum(xs) / len(xs), sum(ys) / len(ys)
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
     slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum((x - mx) ** 2 for x in xs)
     s_min = my - slope * mx
     if s_min <= 0 or slope < 0:
