@@ -9,8 +9,9 @@ Batches are drawn with replacement, so each is an independent sample of the data
 estimator assumes. Tolerance, from the estimator's own spread: the steps are cut into BLOCKS
 blocks, |G|² and tr Σ are estimated in each, and B_noise (the ratio of their means) must lie
 within 4 of its standard errors (delta method over the blocks; plus 3% for the bias of a ratio of
-means at this many steps) of the exact value. 4 standard errors fail by chance about once in 15,000 runs; a wrong batch size or a missing
-1/R factor moves the estimate by a factor of 2 or more, far outside.
+means at this many steps) of the exact value. 4 standard errors fail by chance about once in
+15,000 runs; a wrong batch size or a missing 1/R factor moves the estimate by a factor of 2 or
+more, far outside.
 """
 
 from __future__ import annotations
