@@ -49,6 +49,7 @@ class Convergence:
             numel = sum(p.numel() for p in sync.params)
             device = sync.params[0].device
             self.probe = sync.noise = NoiseProbe(cfg.batch_size, cfg.grad_accum, comm.size, numel, device)
+        self.eval_seconds = 0.0  # spent scoring the held-out set between epochs (--eval-every)
         target = from_config(cfg)
         self.target = TimeToTarget(target, global_batch, steps_per_epoch) if target else None
 
@@ -107,7 +108,7 @@ class Convergence:
         if self.target is None:
             return False
         score = row.get(self.target.target.metric)
-        return self.target.check(score, step, seconds, row.get("val_loss"), row.get("val_accuracy"))
+        return self.target.check(score, step, seconds, row.get("val_loss"), row.get("val_accuracy"), self.eval_seconds)
 
     @property
     def reached(self) -> bool:

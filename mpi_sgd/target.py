@@ -60,8 +60,9 @@ class TimeToTarget:
     def reached(self) -> bool:
         return self.record is not None
 
-    def check(self, score: float | None, step: int, seconds: float, val_loss, val_accuracy) -> bool:
-        """A new score after ``step`` optimizer steps and ``seconds`` of training: True once reached."""
+    def check(self, score, step: int, seconds: float, val_loss, val_accuracy, eval_s: float = 0.0) -> bool:
+        """A new score after ``step`` optimizer steps and ``seconds`` of training (``eval_s`` of them
+        scoring the held-out set with ``--eval-every``): True once reached."""
         self.best = self.target.better(self.best, score)
         if self.record is None and self.target.reached(score):
             self.record = {
@@ -71,6 +72,7 @@ class TimeToTarget:
                 "samples": step * self.global_batch,
                 "epochs": step / self.steps_per_epoch,
                 "wall_s": seconds,
+                "eval_s": eval_s,
                 "val_loss": val_loss,
                 "val_accuracy": val_accuracy,
             }

@@ -221,10 +221,12 @@ class Trainer:
     def _score_target(self) -> None:
         """Score the held-out set now (one small all-reduce) and check the target: ``--eval-every``."""
         self.comm.where("evaluate")
+        t0 = time.perf_counter()
         stats = self._evaluate()
         self.comm.allreduce(stats, "sum")
         val_loss, val_correct, val_n = stats.tolist()
         row = {"val_loss": val_loss / val_n, "val_accuracy": val_correct / val_n}
+        self.conv.eval_seconds += time.perf_counter() - t0  # reported beside the time to the target
         self.conv.check_target(row, self.step, time.perf_counter() - self._t0)
 
     def _check_replicas(self) -> None:

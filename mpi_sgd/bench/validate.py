@@ -104,15 +104,15 @@ def _run(ranks: int, transport: str, *argv: str) -> None:
     run_job(ranks, *argv, env={"OMP_NUM_THREADS": "1", **TRANSPORTS[transport]}, echo=True)
 
 
-def calibrate(batch: int, ranks: int, args):
-    """T_comp at ``batch`` with ``ranks`` ranks at once, and α, β, γ when ``ranks`` is 2."""
+def calibrate(batch: int, ranks: int, args, layers=BENCHMARK_MLP):
+    """T_comp of an MLP of ``layers`` at ``batch`` with ``ranks`` ranks at once, and α, β, γ when ``ranks`` is 2."""
     from ..calibrate import Calibration
 
-    path = args.out_dir / f"calibration-b{batch}-n{ranks}.json"
+    path = Path(args.out_dir) / f"calibration-b{batch}-n{ranks}-{'x'.join(map(str, layers))}.json"
     # The network comes from the 2-rank job only; elsewhere the smallest sweep (two sizes, as the fit
     # needs) keeps the job short.
     sweep = args.max_bytes if ranks == 2 else 16
-    layers = ",".join(map(str, BENCHMARK_MLP))  # what --model mlp builds for blobs
+    widths = ",".join(map(str, layers))  # by default what --model mlp builds for blobs
     _run(
         ranks,
         args.transport,
@@ -121,7 +121,7 @@ def calibrate(batch: int, ranks: int, args):
         "--save",
         str(path),
         "--layers",
-        layers,
+        widths,
         "--batch-size",
         str(batch),
         "--max-bytes",
@@ -159,6 +159,7 @@ def measure(batch: int, ranks: int, args) -> dict:
 
 
 TRAINED = ("model", "dataset", "strategy", "batch_size", "max_steps", "epochs", "progress", "metrics_json")
+TRAINED += ("lr", "seed", "target_val_loss", "eval_every", "check_every")  # bench goodput's runs to a target
 
 
 def train_job(argv: Sequence[str] | None = None) -> int:
@@ -167,7 +168,7 @@ def train_job(argv: Sequence[str] | None = None) -> int:
     from ..args import ArgumentParser
     from ..comm import init
     from ..config import TrainConfig
-    from ..data import load
+    from ..data import prepare
     from ..launch import pin_threads
     from ..trainer import Trainer
 
@@ -178,7 +179,10 @@ def train_job(argv: Sequence[str] | None = None) -> int:
         parser.fail("--metrics-json is where the root writes what this job measured: give a file")
     comm = init()
     pin_threads(comm.local_size)
-    metrics = Trainer.from_config(cfg, load(cfg.dataset, cfg.seed), comm).train()
+    # a target is scored on held-out samples (bench goodput); a timing run trains on all of them
+    held_out = cfg.val_fraction if cfg.target_val_loss is not None else 0.0
+    train, val = prepare(cfg.dataset, cfg.seed, held_out)
+    metrics = Trainer.from_config(cfg, train, comm, val=val).train()
     if comm.is_root:
         write_json(cfg.metrics_json, metrics)
     return 0
