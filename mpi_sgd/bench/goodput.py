@@ -168,7 +168,10 @@ def calibrations(transport: str, args) -> dict:
 
 def jobs(args, rows: list[dict]) -> list[dict]:
     """Each R and transport: the measured time to the target and its inputs to the prediction."""
+    from ..models import build_model
+
     lr_at = {r["batch"]: r["lr"] for r in rows}
+    grad_bytes = 4 * sum(p.numel() for p in build_model(MODEL, (64,), 10).parameters())  # digits: 64 in, 10 out
     out = []
     for transport in args.transports:
         cals = calibrations(transport, args)
@@ -186,6 +189,7 @@ def jobs(args, rows: list[dict]) -> list[dict]:
                     "t_comp": metrics["summary"]["t_comp"],
                     "t_sync": metrics["summary"]["t_sync"],
                     "t_comp_calibrated": cals[r].step.seconds,
+                    "grad_bytes": grad_bytes,
                     "network": {"alpha": net.alpha, "beta": net.beta, "gamma": net.gamma},
                 }
             )

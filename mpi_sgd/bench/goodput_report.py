@@ -11,13 +11,6 @@ from ..report import markdown_table
 STEPS_TOLERANCE, KNEE_FACTOR, TIME_TOLERANCE, SPAN = 0.35, 2.0, 0.30, 16  # the issue's targets
 
 
-def grad_bytes() -> int:
-    from ..models import build_model
-    from .goodput import MODEL
-
-    return 4 * sum(p.numel() for p in build_model(MODEL, (64,), 10).parameters())  # digits: 64 features, 10 classes
-
-
 def knee(rows: list[dict]) -> float | None:
     """Where the measured steps fall to twice their minimum (the model's S(B_noise) = 2·S_min),
     interpolated in log batch; None if they never were that high."""
@@ -44,10 +37,9 @@ def assemble(args, rows: list[dict], noise: dict, runs: list[dict], cores: int) 
     result["fit"] = {"s_min": s_min, "b_noise": b_noise}
     for r in rows:
         r["predicted"] = steps_to_target(r["batch"], s_min, b_noise)
-    nbytes = grad_bytes()
     for j in runs:
         net = Network(j["network"]["alpha"], j["network"]["beta"], j["network"]["gamma"])
-        t_sync = AllreduceSync(net, nbytes, "ring")(j["ranks"]) if j["ranks"] > 1 else 0.0
+        t_sync = AllreduceSync(net, j["grad_bytes"], "ring")(j["ranks"]) if j["ranks"] > 1 else 0.0
         j["t_step_predicted"] = j["t_comp_calibrated"] + t_sync
         j["steps_predicted"] = steps_to_target(j["ranks"] * args.batch, s_min, b_noise)
         j["seconds_predicted"] = j["steps_predicted"] * j["t_step_predicted"]

@@ -33,9 +33,18 @@ FLOORS = (
         "buckets",
         "bucketorder",
         "replicas",
+        "noisescale",
+        "lrschedule",
+        "target",
     ),
     ("gradsync", "pipeline", "paramserver", "zero"),  # parallelism strategies
-    ("config", "step", "trainer", "agree"),  # one step, the training loop, and what its ranks must agree on
+    (
+        "config",
+        "step",
+        "trainer",
+        "agree",
+        "convergence",
+    ),  # one step, the training loop, and what its ranks must agree on
     ("calibrate",),  # measuring the machine with the trainer's own step
     ("bench", "faultmatrix", "figures"),  # benchmarks, the fault matrix, the docs' figures: jobs started and measured
     ("cli",),  # the `mpi-sgd` entry point, the one module that may import bench
