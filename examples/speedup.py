@@ -142,22 +142,10 @@ else:
 
 points = pm.scaling(compute, sync, args.ranks, args.samples, args.batch_size, args.scaling)
 print(f"T_comp = {compute.t_comp:g} s at batch {compute.batch}; {sync.describe()}")
-assumed = [
-    f"{name} (the default; give {flag} for yours)"
-    for name, flag, default in (
-        (f"N = {args.samples} samples per epoch", "--samples", args.samples == 60_000),
-        (
-            f"B = {args.batch_size} {'per rank' if args.scaling == 'weak' else 'in all'}",
-            "--batch-size",
-            args.batch_size == 64,
-        ),
-    )
-    if default
-]
-print(
-    f"N = {args.samples} samples, B = {args.batch_size} ({args.scaling} scaling)"
-    + "".join(f"; assumed: {a}" for a in assumed)
-)
+print(f"N = {args.samples} samples, B = {args.batch_size} ({args.scaling} scaling)")
+defaults = [f for f, used in (("--samples", args.samples == 60_000), ("--batch-size", args.batch_size == 64)) if used]
+if defaults:  # the answer depends on them: say so rather than assume silently
+    print(f"(assumed: the default{'s' if len(defaults) > 1 else ''} of {' and '.join(defaults)}; give yours)")
 measured_at = calib.meta.get("ranks") if calib is not None and args.t_sync is None else None
 if measured_at and max(args.ranks) > measured_at:
     print(
@@ -165,7 +153,7 @@ if measured_at and max(args.ranks) > measured_at:
     )
 print()
 print(markdown_table(pm.TABLE_HEADERS, pm.table_rows(points)))
-print("\nper epoch, distribution pays iff T_sync/T_comp < R - 1 ([S-SGD])")
+print("\ndistribution pays iff T_sync/T_comp < R - 1 ([S-SGD])")
 for p in points[1:] if args.scaling == "strong" else ():
     if p.pays and p.efficiency < 0.5:
         print(

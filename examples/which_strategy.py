@@ -9,6 +9,10 @@ mpi_sgd/guide.py; docs/use/choosing.md sets them beside what was measured.
 
   python examples/which_strategy.py --params 7B --memory 40GiB --network ib100 --ranks 64 --optimizer adam
   python examples/which_strategy.py --params 25M --memory 8GiB --network 1gbe --ranks 16 --t-comp .05 --slowdown 3
+  python examples/which_strategy.py --params 1863690 --memory 1GiB --network 10gbe --ranks 16 --t-comp 0.01 --b-noise 50
+
+With --b-noise (the gradient noise scale, measured by sync_sgd.py --noise-scale) data parallelism's
+gradients count at their worth to accuracy: past the critical batch, R of them buy less than R steps.
 """
 
 from dataclasses import dataclass
@@ -33,6 +37,8 @@ class Flags:
     servers: int = flag(1, "parameter-server ranks", positive_int)
     micro_batches: int = flag(8, "pipeline micro-batches per batch", positive_int)
     boundary_bytes: int = flag(0, "pipeline: activation bytes per batch at a stage boundary", nbytes)
+    b_noise: float | None = flag(None, "the gradient noise scale: count data parallelism to accuracy", nonneg_float)
+    batch_size: int = flag(32, "per-rank batch, with --b-noise (the global batch is R times it)", positive_int)
 
     def __post_init__(self):
         if (self.alpha is None) != (self.beta is None) or (self.network is None) == (self.alpha is None):
@@ -41,6 +47,10 @@ class Flags:
             raise ValueError(f"--slowdown is the slowest rank's time over the others', at least 1; got {self.slowdown}")
         if self.slowdown != 1 and self.t_comp is None:
             raise ValueError("--slowdown scales --t-comp, which is not given")
+        if self.b_noise is not None and self.t_comp is None:
+            raise ValueError("--b-noise weighs the gradients per second that --t-comp gives: give --t-comp")
+        if self.batch_size != 32 and self.b_noise is None:
+            raise ValueError("--batch-size goes with --b-noise")
 
 
 args = ArgumentParser(description=__doc__).parse_flags(Flags)
@@ -56,6 +66,8 @@ problem = guide.Problem(
     args.servers,
     args.micro_batches,
     args.boundary_bytes,
+    args.b_noise,
+    args.batch_size,
 )
 choice, estimates, why = guide.recommend(problem)
 

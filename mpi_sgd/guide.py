@@ -35,6 +35,13 @@ and one reply buffer per worker.
   gradient per 2α + 8P/k·β + 4P/k·γ: throughput is the smaller of the two; staleness costs
   statistical efficiency on top (tau about W - 1), which a time model does not see;
 * ZeRO-3 and pipeline: see :func:`estimate`.
+
+**To accuracy.** Given the gradient noise scale ``b_noise`` and the per-rank ``batch``, the
+data-parallel strategies (plain and ZeRO, whose global batch is R·batch) count each gradient at
+its worth towards a target: R·batch samples need S(R·batch) = S_min(1 + B_noise/(R·batch)) steps
+where one rank needs S(batch) (:mod:`mpi_sgd.perfmodel.goodput`), so R gradients per step buy
+S(batch)/S(R·batch) one-rank steps, not R. The pipeline and the parameter server keep each
+gradient's batch, so their rates stand (staleness aside).
 """
 
 from __future__ import annotations
@@ -42,7 +49,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .perfmodel import Network, ring_allreduce
+from .perfmodel import Network, ring_allreduce, steps_to_target
 
 OPTIMIZER_STATE = {"sgd": 0, "momentum": 1, "adam": 2}  # tensors of state per parameter
 STRATEGIES = ("data parallel", "ZeRO-1", "ZeRO-2", "ZeRO-3", "pipeline", "parameter server")
@@ -62,6 +69,8 @@ class Problem:
     servers: int = 1  # for the parameter server
     micro_batches: int = 8  # for the pipeline
     boundary_bytes: float = 0.0  # activation bytes a pipeline stage sends on per batch (and back)
+    b_noise: float | None = None  # the gradient noise scale: data parallelism counted to accuracy
+    batch: int = 32  # per-rank batch, with b_noise
 
     def __post_init__(self):
         if self.params < 1 or self.ranks < 1 or self.memory <= 0:
@@ -70,6 +79,8 @@ class Problem:
             raise ValueError(f"unknown optimizer {self.optimizer!r}; choose one of {', '.join(OPTIMIZER_STATE)}")
         if self.t_comp is not None and not (self.t_comp > 0 and math.isfinite(self.t_comp)):
             raise ValueError(f"t_comp must be a positive number of seconds, got {self.t_comp!r}")
+        if self.b_noise is not None and not (self.b_noise >= 0 and math.isfinite(self.b_noise)) or self.batch < 1:
+            raise ValueError("b_noise must be a finite number >= 0 and batch at least 1")
         if self.slowdown < 1 or self.servers < 1 or self.micro_batches < 1 or self.boundary_bytes < 0:
             raise ValueError("slowdown >= 1, servers >= 1, micro_batches >= 1, boundary_bytes >= 0")
 
@@ -115,6 +126,10 @@ def estimate(strategy: str, p: Problem) -> Estimate:
         sent *= factor
         if strategy == "ZeRO-3":
             note = "parameters gathered again for backward"
+        if rate and p.b_noise is not None:  # R gradients per step are worth S(B)/S(R·B) one-rank steps
+            worth = steps_to_target(p.batch, 1, p.b_noise) / (R * steps_to_target(R * p.batch, 1, p.b_noise))
+            rate *= worth
+            note = "; ".join(filter(None, [note, f"each gradient {worth:.2f} of its worth to accuracy"]))
     elif strategy == "pipeline":
         S, M = R, p.micro_batches
         sent = 2 * p.boundary_bytes if R > 1 else 0.0

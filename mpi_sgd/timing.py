@@ -95,8 +95,11 @@ def time_interleaved(
     return {name: across_ranks(comm, statistics.median(times)) for name, times in blocks.items()}
 
 
-def chrome_trace(comm: Communicator, events, t0: float) -> dict | None:
-    """Every rank's ``events`` as one Chrome trace on the root; ``None`` on the other ranks."""
+def chrome_trace(comm: Communicator, events, t0: float, counters=()) -> dict | None:
+    """Every rank's ``events`` as one Chrome trace on the root; ``None`` on the other ranks.
+
+    ``counters``, ``(name, time, {series: value})`` on the root, become counter tracks (``"ph": "C"``):
+    values the job shares, such as the noise scale and learning rate per epoch."""
     mine = [(e[0], e[1] - t0, e[2], e[3] if len(e) > 3 else None) for e in events]
     everyone = comm.gather_obj(mine)
     if not comm.is_root:
@@ -108,4 +111,6 @@ def chrome_trace(comm: Communicator, events, t0: float) -> dict | None:
             if args:
                 event["args"] = args
             trace.append(event)
+    for name, when, values in counters:
+        trace.append({"name": name, "ph": "C", "pid": 0, "ts": 1e6 * (when - t0), "args": values})
     return {"traceEvents": trace, "displayTimeUnit": "ms"}

@@ -78,6 +78,7 @@ class Trainer:
         self.t_comp: list[float] = []
         self.t_sync: list[float] = []
         self.history: list[dict] = []
+        self.counters: list[tuple] = []  # per-epoch values for the timeline's counter tracks
         self.events = sync.events  # shared with the strategy, which adds its allreduces
         self.amp = MixedPrecision(cfg.amp, next(model.parameters()).device.type)
         # rates, noise scale, target; a schedule spans --epochs (--max-steps only cuts a run short)
@@ -176,6 +177,9 @@ class Trainer:
         row["val_accuracy"] = val_correct / val_n if val_n and classification else None
         row["skipped"] = self.skipped
         row.update(self.conv.epoch_row(stats[6:].tolist()))
+        if self.events is not None:  # the timeline's counter tracks: what changed over this epoch
+            values = {k: row[k] for k in ("b_noise", "lr") if row.get(k) is not None}
+            self.counters += [("statistics", time.perf_counter(), values)] if values else []
         self.conv.check_target(row, self.step, time.perf_counter() - self._t0)
         self.history.append(row)
         if comm.is_root:
@@ -334,4 +338,4 @@ class Trainer:
         (``allreduce[i]`` per bucket), ``tid`` = rank, ``ts``/``dur`` in microseconds since the
         ranks left a common barrier when the trainer was made.
         """
-        return chrome_trace(self.comm, self.events or [], self._t0)
+        return chrome_trace(self.comm, self.events or [], self._t0, self.counters)

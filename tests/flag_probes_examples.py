@@ -261,6 +261,8 @@ PROBES["examples/which_strategy.py"] = Entry(
             boundary_bytes=("1MiB", 1 << 20),
         ),
         "--network": probe("--network ib100", at(PROBLEM, "network", PRESETS["ib100"])),
+        "--b-noise": probe("--t-comp 0.01 --b-noise 50", at(PROBLEM, "b_noise", 50.0)),
+        "--batch-size": probe("--t-comp 0.01 --b-noise 50 --batch-size 64", at(PROBLEM, "batch", 64)),
         "--alpha": probe(
             "--params 1M --memory 1GiB --ranks 4 --alpha 2e-6 --beta 1e-9",
             at(PROBLEM, "network.alpha", 2e-6),

@@ -14,6 +14,8 @@ backward, gradient averaging, momentum update) at per-rank batch B for:
 * ``ddp-mpi4py`` the same DDP over the ``"mpi4py"`` torch backend (:mod:`mpi_sgd.comm.backends.torch_mpi4py`);
 * ``unchecked`` (only when named in ``--variants``) ``bucketed`` without its non-finite check
   (:meth:`mpi_sgd.gradsync.GradSync.outgoing`): set beside ``bucketed``, what that check costs;
+* ``noise-scale`` (only when named) ``bucketed`` measuring the gradient noise scale as
+  ``--noise-scale`` does (:mod:`mpi_sgd.noisescale`): set beside ``bucketed``, what measuring it costs;
 * ``bucketed-no-watchdog`` (only when asked for) ``bucketed`` on the communicator under the stall
   watchdog that ``comm.init`` puts around every job: ``bucketed`` over this is what the watchdog
   costs per step (its thread runs in both);
@@ -57,6 +59,7 @@ from ..comm.wrappers.watchdog import without_watchdog
 from ..config import TrainConfig
 from ..launch import placement
 from ..models import BENCHMARK_MLP, build_model
+from ..noisescale import NoiseProbe
 from ..replicas import replicate
 from ..report import Output, save_results
 from ..step import make_optimizer, train_step
@@ -79,13 +82,14 @@ class Variant:
     watchdog: bool = True  # on the communicator inside the stall watchdog, as every job runs
     ddp: str | None = None  # DistributedDataParallel over the seam's torch backend of this name
     comm_only: bool = False  # no training: one all-reduce as large as all the gradients
+    noise: bool = False  # measuring the gradient noise scale (mpi_sgd.noisescale)
     sweeps: bool = False  # timed once per --bucket-mb
     optional: bool = False  # timed only when named in --variants
 
     @property
     def shared_buckets(self) -> bool:
         """The plain flat or bucketed step with its buckets where the communicator shares memory."""
-        plain = self.shared is None and self.checked and self.watchdog
+        plain = self.shared is None and self.checked and self.watchdog and not self.noise
         return self.strategy in ("flat", "bucketed") and plain
 
 
@@ -99,6 +103,7 @@ TABLE = {
         Variant("ddp-mpi4py", ddp="torch-mpi4py"),
         Variant("comm-only", comm_only=True),
         Variant("unchecked", "bucketed", checked=False, optional=True),
+        Variant("noise-scale", "bucketed", noise=True, optional=True),
         Variant("bucketed-no-watchdog", "bucketed", watchdog=False, sweeps=True, optional=True),
     )
 }
@@ -172,6 +177,9 @@ def bench_model(comm, name: str, args, ddp_groups: dict | None = None, device=No
             bucket_mb = mb if mb is not None else args.bucket_mb[0]
             sync = gradsync.make(spec.strategy, model, on, bucket_mb, shared=spec.shared)
             sync.check_finite = spec.checked
+            if spec.noise:
+                numel = sum(p.numel() for p in sync.params)
+                sync.noise = NoiseProbe(args.batch_size, 1, comm.size, numel, device)
         else:  # local, or DDP, which averages inside backward on its own
             if spec.ddp is not None:
                 model = DistributedDataParallel(model, process_group=ddp_groups[variant])

@@ -82,11 +82,20 @@ def watchdog_costs(rows, watched: Mapping[str, str]) -> list[str]:
     return out
 
 
+NOISE_TARGET = 1.02  # measuring the noise scale: at most 2% on the bucketed step
+
+
 def targets(rows) -> list[str]:
-    """ddp-mpi4py against its two targets, per model, where the run has what they need."""
+    """ddp-mpi4py against its two targets, and the noise scale's cost, per model, where the run has what they need."""
     lines = []
     for model in dict.fromkeys(r["model"] for r in rows):
         row = {r["variant"]: r for r in rows if r["model"] == model}
+        if {"bucketed", "noise-scale"} <= row.keys():
+            cost = row["noise-scale"]["step_s"] / row["bucketed"]["step_s"]
+            lines.append(
+                f"{model}: bucketed step measuring the noise scale {cost:.3f}x the plain one (project target "
+                f"<= {NOISE_TARGET}x: {'met' if cost <= NOISE_TARGET else 'not met here'})"
+            )
         if not {"local", "bucketed", "ddp-gloo", "ddp-mpi4py"} <= row.keys():
             continue
         ours, gloo, bucketed = row["ddp-mpi4py"], row["ddp-gloo"], row["bucketed"]

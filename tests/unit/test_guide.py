@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from mpi_sgd import guide
-from mpi_sgd.perfmodel import Network
+from mpi_sgd.perfmodel import PRESETS, Network
 from tests.helpers import standalone_env
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -89,3 +89,21 @@ def test_calculator_prints_the_table_and_a_choice():
 def test_calculator_refuses_a_network_without_numbers():
     proc = which_strategy("--params", "10", "--memory", "1GiB", "--ranks", "2")
     assert proc.returncode == 2 and "give --network or --alpha and --beta" in proc.stderr
+
+
+def test_past_the_critical_batch_data_parallel_counts_at_its_worth_to_accuracy():
+    # 16 ranks x batch 32 = 512 against B_noise 50: R gradients per step buy S(32)/S(512) = 2.34
+    # one-rank steps, not 16 (rel 1e-9: a product of a few floats).
+    base = dict(params=1_863_690, memory=2**30, network=PRESETS["10gbe"], ranks=16, t_comp=0.01)
+    plain = guide.estimate("data parallel", guide.Problem(**base))
+    noisy = guide.estimate("data parallel", guide.Problem(**base, b_noise=50.0, batch=32))
+    worth = (1 + 50 / 32) / (16 * (1 + 50 / 512))
+    assert noisy.gradients_per_s == pytest.approx(plain.gradients_per_s * worth, rel=1e-9)
+    assert (
+        guide.estimate("pipeline", guide.Problem(**base, b_noise=50.0)).note
+        == guide.estimate("pipeline", guide.Problem(**base)).note
+    )  # the pipeline keeps the batch: nothing to weigh
+    _, _, why = guide.recommend(guide.Problem(**base, b_noise=50.0, batch=32))
+    assert "distribution does not pay here" in why
+    _, _, why = guide.recommend(guide.Problem(**base))
+    assert "does not pay" not in why  # per gradient, without the noise scale, it does
