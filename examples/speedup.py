@@ -179,6 +179,10 @@ if b_noise is not None:
         print(f"R = {p.ranks}: {says}: {steps} of R = 1, not 1/{p.ranks}")
     fastest = pm.best(target)
     print(f"fastest to the target: R = {fastest.ranks} ({fastest.speedup_target:.2f}x R = 1)")
+    if args.scaling == "weak":  # T_comp scales linearly with the batch (perfmodel.Compute)
+        r, tried = max(args.ranks), sorted({max(1, args.batch_size * k // 4) for k in (1, 2, 4, 8, 16)})
+        b, _ = pm.best_batch(compute, sync, r, tried, b_noise)
+        print(f"at R = {r}, of per-rank batches {','.join(map(str, tried))}, {b} reaches the target soonest")
     if args.s_min is not None:
         print("time to the target: " + ", ".join(f"R = {p.ranks}: {p.seconds:.4g} s" for p in target))
 
