@@ -67,7 +67,8 @@ if comm.is_root:
 try:
     trainer = Trainer.from_config(cfg, train, comm, val=val)
     if cfg.resume:  # the root reads it and broadcasts its bytes; every rank gets the same verdict
-        used = trainer.load_checkpoint(cfg.checkpoint if cfg.resume == "auto" else cfg.resume, cfg.resume == "auto")
+        auto = {"auto": True, "auto-or-fresh": "or-fresh"}.get(cfg.resume, False)
+        used = trainer.load_checkpoint(cfg.checkpoint if auto else cfg.resume, auto)
         if comm.is_root:
             print(f"resuming from {used} at step {trainer.step}" if used else "no checkpoint yet: starting afresh")
 except (ConfigMismatch, CheckpointError) as e:

@@ -25,6 +25,7 @@ from .models import MODELS
 OPTIMIZERS = ("sgd", "adam")
 DTYPES = ("float32", "float64")
 NONFINITE = ("stop", "skip")
+AUTO = ("auto", "auto-or-fresh")  # --resume: the newest valid checkpoint in --checkpoint
 
 
 @dataclass(frozen=True)
@@ -63,7 +64,8 @@ class TrainConfig:
     resume: str | None = _flag(
         None,
         "resume from this checkpoint (a --checkpoint directory or one step-N in it); 'auto': the newest "
-        "valid one in --checkpoint, or a fresh start if there is none",
+        "valid one in --checkpoint, a fresh start if there is none, refused if there are some but none can be "
+        "read; 'auto-or-fresh': a fresh start then too",
         str,
     )
     on_nonfinite: str = _flag(
@@ -151,10 +153,11 @@ class TrainConfig:
             not (self.zero and self.compress != "none"), "--compress applies to the all-reduce strategies, not --zero"
         )
         check(not (self.zero and self.amp == "fp16"), "--amp fp16 cannot be combined with --zero; use --amp bf16")
+        check(self.resume in (None, *AUTO) or os.path.exists(self.resume), f"checkpoint {self.resume!r} does not exist")
         check(
-            self.resume in (None, "auto") or os.path.exists(self.resume), f"checkpoint {self.resume!r} does not exist"
+            self.resume not in AUTO or bool(self.checkpoint),
+            f"--resume {self.resume} needs --checkpoint DIR to look in",
         )
-        check(self.resume != "auto" or bool(self.checkpoint), "--resume auto needs --checkpoint DIR to look in")
         if self.checkpoint:
             check_writable(self.checkpoint)
             check(

@@ -25,6 +25,8 @@ user's targets, and one default learning rate suits every task.
 from __future__ import annotations
 
 import os
+import pickle
+import zipfile
 from dataclasses import dataclass
 
 import numpy as np
@@ -135,10 +137,11 @@ def from_file(path: str) -> Dataset:
             arrays = {k: torch.as_tensor(obj[k]) for k in ("x", "y") if k in obj} if isinstance(obj, dict) else {}
         else:
             raise ValueError(f"data file {path!r} must end in .npz or .pt")
-    except (OSError, ValueError, RuntimeError, TypeError) as e:
+    except (OSError, ValueError, RuntimeError, TypeError, EOFError, zipfile.BadZipFile, pickle.UnpicklingError) as e:
         if "must end in" in str(e) or "must be numbers" in str(e):
             raise
-        raise ValueError(f"cannot read data file {path!r}: {e}") from None
+        # an empty or truncated file among them: one line, not a traceback per rank
+        raise ValueError(f"cannot read data file {path!r} (empty, truncated or not this format): {e}") from None
     missing = [k for k in ("x", "y") if k not in arrays]
     if missing:
         raise ValueError(f"data file {path!r} has no array named {' or '.join(missing)}; it needs 'x' and 'y'")
@@ -150,6 +153,7 @@ def from_file(path: str) -> Dataset:
     if y.dtype.is_floating_point:
         y = y.reshape(len(y), -1).float()
     else:
+        check_label_shape(y, path)
         y = y.long().reshape(-1)
         check_labels(y, path)
     for name, t in (("x", x), ("y", y)):
@@ -171,6 +175,24 @@ def _numeric(array: np.ndarray, name: str, path: str) -> torch.Tensor:
 # More classes than this, or than half again the labels that occur, is a typo, not a task: one stray
 # label of 100000 would silently build a 100001-way model, every step a hundred times slower.
 MAX_CLASSES = 100_000
+
+
+def check_label_shape(y: torch.Tensor, path: str) -> None:
+    """Integer ``y`` holds one class index per sample: shape (N,) or (N, 1). Anything wider is
+    refused, not flattened (that would make C labels per sample and pair them with the wrong x);
+    one-hot rows are named as such, with the one-line conversion."""
+    if y.ndim == 1 or (y.ndim == 2 and y.shape[1] == 1):
+        return
+    shape = "x".join(map(str, y.shape))
+    if y.ndim == 2 and len(y) and bool(((y == 0) | (y == 1)).all()) and bool((y.sum(1) == 1).all()):
+        raise ValueError(
+            f"data file {path!r}: y is one-hot ({shape}); integer y must be one class index per sample: "
+            "save y.argmax(1) instead"
+        )
+    raise ValueError(
+        f"data file {path!r}: integer y must be one class index per sample, shape ({len(y)},), not {shape}; "
+        "for several targets per sample save float y (regression)"
+    )
 
 
 def check_labels(y: torch.Tensor, path: str) -> None:

@@ -270,7 +270,7 @@ class Trainer:
             directory, self.comm, self.model, self.optimizer, self.amp, self.cfg, progress, self.conv.schedule
         )
 
-    def load_checkpoint(self, path: str, auto: bool = False) -> str | None:
+    def load_checkpoint(self, path: str, auto: bool | str = False) -> str | None:
         """Resume from ``path``: a ``--checkpoint`` directory (its newest checkpoint), one ``step-N``
         in it, or, with ``auto``, the newest checkpoint in ``path`` that verifies (None: none yet).
 

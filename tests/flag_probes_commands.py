@@ -46,6 +46,7 @@ PROBES = {
         rule=("linear", "linear"),
         target_val_loss=("0.5", 0.5),
         max_steps=("100", 100),
+        eval_every=("2", 2),
         ranks=("1,2", [1, 2]),
         transports=("shm", ["shm"]),
     ),

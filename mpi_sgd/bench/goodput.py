@@ -16,7 +16,9 @@ Four measurements, one command (the model: :mod:`mpi_sgd.perfmodel.goodput`):
    small-batch run (``--noise-scale`` with micro-batches), for comparison with the fitted one.
 3. **Real jobs to the target**: ``mpiexec -n R`` at per-rank batch B for each of ``--ranks``, over
    TCP as between nodes and over shared memory (``--transports``), each at the tuned rate of its
-   global batch; time to the target measured, held-out scoring left out (``eval_s``).
+   global batch; time to the target measured, held-out scoring left out (``eval_s``). Scoring
+   every ``--eval-every`` steps (in the sweep too), so steps to the target are its multiples: a
+   score every step would cost more than the step itself for a model this small.
 4. **The prediction** of those times: S(R·B) from the fit times T_step(R) = T_comp(R) + T_sync(R),
    both from :mod:`mpi_sgd.calibrate` on the same transport: T_comp timed with R ranks computing at
    once (ranks sharing cores and memory slow each other down, beyond the cores they take turns),
@@ -54,6 +56,9 @@ class Flags(Output):
     rule: str = flag("sqrt", "the scaling rule also run, from the best rate at batch B", choices=("linear", "sqrt"))
     target_val_loss: float = flag(0.3, "the target: held-out loss at most this", positive_float)
     max_steps: int = flag(800, "a run that has not reached the target by then has missed it", positive_int)
+    eval_every: int = flag(
+        5, "score the held-out set every this many steps (steps to the target are multiples)", positive_int
+    )
     ranks: list = flag([1, 2, 4], "R of the real jobs to the target", rank_list)
     transports: list = flag(["tcp", "shm"], "tcp (as between nodes) and/or shm", choices_list(("tcp", "shm")))
 
@@ -93,7 +98,7 @@ def train_to_target(batch: int, lr: float, seed: int, args, **extra) -> tuple[in
         epochs=10**4,
         max_steps=args.max_steps,
         target_val_loss=args.target_val_loss,
-        eval_every=1,
+        eval_every=args.eval_every,
         check_every=0,
         progress=False,
         **extra,
@@ -150,7 +155,7 @@ def job(ranks: int, transport: str, lr: float, args) -> dict:
 
     path = Path(args.out_dir) / f"goodput-job-n{ranks}-{transport}.json"
     argv = ("--model", MODEL, "--dataset", DATASET, "--strategy", "bucketed", "--batch-size", str(args.batch))
-    argv += ("--lr", str(lr), "--target-val-loss", str(args.target_val_loss), "--eval-every", "1")
+    argv += ("--lr", str(lr), "--target-val-loss", str(args.target_val_loss), "--eval-every", str(args.eval_every))
     argv += ("--max-steps", str(args.max_steps), "--epochs", str(10**4), "--check-every", "0", "--no-progress")
     _run(ranks, transport, "-m", "mpi_sgd.bench.validate", *argv, "--metrics-json", str(path))
     return json.loads(path.read_text())

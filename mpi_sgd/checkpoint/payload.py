@@ -60,12 +60,13 @@ def read(path: str, auto: bool = False, warn=None) -> tuple[str, bytes, dict | N
 
     ``path`` is a checkpoint directory (``--checkpoint DIR``: what ``latest`` names), one
     checkpoint in it (``DIR/step-N``), or a single file (no checksum, so ``meta`` is None). With
-    ``auto``, corrupt checkpoints in ``DIR`` are passed over (``warn``) and None means none yet.
+    ``auto``, corrupt checkpoints in ``DIR`` are passed over (``warn``) and None means none yet;
+    ``DIR`` holding only unreadable ones raises, unless ``auto`` is ``"or-fresh"``.
     """
     warn = warn or (lambda text: print(text, file=sys.stderr, flush=True))
     if os.path.isdir(path) and is_store(path):
         if auto:
-            return newest_valid(path, warn)
+            return newest_valid(path, warn, fresh_ok=auto == "or-fresh")
         newest = latest(path) or next(iter(checkpoints(path)), None)
         if newest is None:
             raise CheckpointError(f"cannot read checkpoint {path!r}: the directory holds no checkpoint")

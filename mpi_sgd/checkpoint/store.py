@@ -168,19 +168,30 @@ def read_verified(path: str) -> tuple[bytes, dict]:
     return blob, meta
 
 
-def newest_valid(directory: str, warn) -> tuple[str, bytes, dict] | None:
+def newest_valid(directory: str, warn, fresh_ok: bool = False) -> tuple[str, bytes, dict] | None:
     """The newest (highest step) checkpoint in ``directory`` that verifies; None if there is none.
 
     A corrupt one is passed over with ``warn(message)``: a resume loses a few epochs, not the job.
     The newest complete one may be newer than ``latest`` (a kill between the rename and the pointer).
+    If there are checkpoints but not one verifies (a disk or file-system fault, most likely, not a
+    run that never saved), a fresh start would overwrite them: that raises, naming each and why,
+    unless ``fresh_ok`` (``--resume auto-or-fresh``) says to start afresh anyway.
     """
+    failed = []
     for path in checkpoints(directory):
         try:
             blob, meta = read_verified(path)
         except CheckpointError as e:
             warn(f"warning: skipping {e}")
+            failed.append(str(e))
             continue
         return path, blob, meta
+    if failed and not fresh_ok:
+        raise CheckpointError(
+            f"--resume auto: none of the {len(failed)} checkpoint(s) in {directory!r} can be read ("
+            + "; ".join(failed)
+            + "); starting afresh would overwrite them: fix or move them, or give --resume auto-or-fresh"
+        )
     return None
 
 

@@ -31,10 +31,11 @@ from pathlib import Path
 from ..args import UsageError, add_command, flag
 from ..launch import JobFailed, mpiexec_command, placement
 from ..timing import WARMUP_STEPS
-from . import allreduce, pipeline, ring, speedup, staleness, timeline, zero
+from . import allreduce, goodput, pipeline, ring, speedup, staleness, timeline, zero
 from .provenance import Provenance, save
 
 ASYNC = ("--ranks", "4", "--evaluations", "600", "--rounds", "1")
+GOODPUT = ("--seeds", "1", "--lrs", "0.03,0.1", "--ranks", "1,2,4", "--transports", "shm")
 VALIDATE = ("--ranks", "1,2", "--repeats", "1", "--max-steps", "12")
 SWEEP = ("--max-bytes", "16MiB", "--rounds", "5")  # both all-reduce sweeps
 TRAIN = ("--model", "mlp", "--dataset", "blobs", "--batch-size", "64", "--bucket-mb", "1", "--max-steps", "16")
@@ -137,6 +138,12 @@ FIGURES = {
             ".png",
             lambda w, script: [_bench("async", "--scenarios", "base,straggler", *ASYNC, "--out-dir", str(w))],
             lambda w: staleness.draw(_json(w / "async.json")),
+        ),
+        Figure(
+            "time-to-target",
+            ".png",
+            lambda w, script: [_bench("goodput", *GOODPUT, "--out-dir", str(w))],  # one process: it starts its jobs
+            lambda w: goodput.draw(_json(w / "goodput.json")),
         ),
         Figure(
             "speedup",

@@ -85,11 +85,16 @@ def test_damaged_checkpoint_directories_give_one_line(tmp_path, damage):
     assert not checkpoint.read(str(tmp_path / "nothing"), auto=True)  # auto with nothing there: start afresh
 
 
-def test_resume_auto_with_only_corrupt_checkpoints_starts_afresh(tmp_path, capsys):
+def test_resume_auto_with_only_corrupt_checkpoints_refuses_unless_told(tmp_path, capsys):
+    # A directory of checkpoints none of which reads is a fault to fix, not a run to overwrite.
     d = str(tmp_path / "ck")
     trainer(checkpoint=d, epochs=1).train()
     open(os.path.join(d, "step-00000002", "state.pt"), "ab").write(b"x")
-    assert trainer(epochs=3).load_checkpoint(d, auto=True) is None
+    with pytest.raises(CheckpointError) as e:
+        trainer(epochs=3).load_checkpoint(d, auto=True)
+    assert "none of the 1 checkpoint(s)" in one_line(e) and "step-00000002" in one_line(e)
+    assert "--resume auto-or-fresh" in one_line(e)
+    assert trainer(epochs=3).load_checkpoint(d, auto="or-fresh") is None  # told to: a fresh start
     assert "is corrupt" in capsys.readouterr().err
 
 

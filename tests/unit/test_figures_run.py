@@ -18,6 +18,7 @@ from tests.helpers import prints_usage_errors, standalone_env, textbook_ring
 FILES = {
     "ring-allreduce.svg",
     "timeline-bucketed.png",
+    "time-to-target.png",
     "allreduce-sizes.png",
     "zero-memory.png",
     "pipeline-schedules.png",

@@ -91,6 +91,31 @@ def test_negative_class_labels_are_refused(tmp_path):
         data.load(str(tmp_path / "neg.npz"))
 
 
+def test_one_hot_and_wide_integer_labels_are_refused_not_flattened(tmp_path):
+    import numpy as np
+
+    x = np.zeros((6, 3), np.float32)
+    np.savez(tmp_path / "onehot.npz", x=x, y=np.eye(3, dtype=np.int64)[[0, 1, 2, 0, 1, 2]])
+    with pytest.raises(ValueError) as e:
+        data.load(str(tmp_path / "onehot.npz"))
+    assert "y is one-hot (6x3)" in one_line(e) and "y.argmax(1)" in one_line(e)
+    np.savez(tmp_path / "wide.npz", x=x, y=np.arange(12).reshape(6, 2))
+    with pytest.raises(ValueError, match=r"one class index per sample, shape \(6,\), not 6x2"):
+        data.load(str(tmp_path / "wide.npz"))
+    np.savez(tmp_path / "column.npz", x=x, y=np.array([[0], [1], [2], [0], [1], [2]]))
+    assert data.load(str(tmp_path / "column.npz")).y.tolist() == [0, 1, 2, 0, 1, 2]  # (N, 1) is one per sample
+
+
+@pytest.mark.parametrize("content", [b"", b"PK\x03\x04truncated"])
+def test_empty_or_truncated_data_files_are_one_line(tmp_path, content):
+    for suffix in (".npz", ".pt"):
+        path = tmp_path / f"bad{suffix}"
+        path.write_bytes(content)
+        with pytest.raises(ValueError) as e:
+            data.load(str(path))
+        assert one_line(e).startswith(f"cannot read data file {str(path)!r} (empty, truncated or not this format)")
+
+
 # -- checkpoints ---------------------------------------------------------------------------------
 def written(tmp_path, name="ckpt.pt", **kw) -> str:
     path = str(tmp_path / name)
