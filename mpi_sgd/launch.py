@@ -159,7 +159,25 @@ def pin_threads(local_size: int) -> int:
 
 
 # How to reach the hosts (the cluster's ssh, the interface): the user's settings, kept for new jobs.
-LAUNCHER_SETTINGS = ("HYDRA_LAUNCHER_EXEC", "HYDRA_LAUNCHER", "HYDRA_IFACE")
+# The user's launcher settings, kept when an enclosing job's variables are dropped: how hydra
+# starts remote ranks, and Open MPI's switches without which it starts nothing at all as root
+# (containers, CI) or with more ranks than cores.
+LAUNCHER_SETTINGS = (
+    "HYDRA_LAUNCHER_EXEC",
+    "HYDRA_LAUNCHER",
+    "HYDRA_IFACE",
+    "OMPI_ALLOW_RUN_AS_ROOT",
+    "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM",
+    "OMPI_MCA_rmaps_base_oversubscribe",
+)
+
+
+def standalone_env() -> dict[str, str]:
+    """This environment without an enclosing MPI job's rank variables (``PMI_*``, ``OMPI_*``,
+    ``PMIX_*``, ``HYDRA_*``), keeping :data:`LAUNCHER_SETTINGS`: a job started from here is a
+    job of its own, and still starts under the MPI's own rules (root, oversubscription)."""
+    dropped = ("PMI_", "HYDRA_", "OMPI_", "PMIX_")
+    return {k: v for k, v in os.environ.items() if k in LAUNCHER_SETTINGS or not k.startswith(dropped)}
 
 
 def mpiexec_command(ranks: int, *argv: str) -> tuple[list[str], dict[str, str]]:
@@ -179,12 +197,7 @@ def mpiexec_command(ranks: int, *argv: str) -> tuple[list[str], dict[str, str]]:
     else:
         beside = shutil.which("mpiexec", path=str(Path(sys.executable).parent))
         mpiexec = [beside or shutil.which("mpiexec") or "mpiexec"]
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if k in LAUNCHER_SETTINGS or not k.startswith(("PMI_", "HYDRA_", "OMPI_", "PMIX_"))
-    }
-    return [*mpiexec, "-n", str(ranks), sys.executable, *argv], env
+    return [*mpiexec, "-n", str(ranks), sys.executable, *argv], standalone_env()
 
 
 class JobFailed(RuntimeError):

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import torch
 
-from mpi_sgd import data
+from mpi_sgd import data, launch
 from mpi_sgd.config import TrainConfig
 from mpi_sgd.launch import placement
 
@@ -83,8 +81,9 @@ def prints_usage_errors() -> bool:
 
 def standalone_env() -> dict[str, str]:
     """This environment without the enclosing MPI job's variables: a script started from a test
-    then runs as a job of its own (rank 0 of 1), even under ``mpirun -n 2 pytest --with-mpi``."""
-    return {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "OMPI_", "PMIX_", "HYDRA_"))}
+    then runs as a job of its own (rank 0 of 1), even under ``mpirun -n 2 pytest --with-mpi``; the
+    chosen MPI's own start switches (Open MPI as root, oversubscribed) stay, or it starts nothing."""
+    return launch.standalone_env()
 
 
 def train_config(**kw) -> TrainConfig:

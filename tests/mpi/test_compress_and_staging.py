@@ -66,7 +66,7 @@ def test_staging_gives_the_same_results(comm, forced):
     sc.allreduce(x, "avg")
     ref = parts[rank].clone()
     comm.allreduce(ref, "avg")
-    assert torch.equal(x, ref)
+    assert torch.equal(x, ref)  # bitwise: the same blocking call underneath, the same algorithm
     y = parts[rank].clone()
     sc.iallreduce(y, "max").wait()
     assert torch.equal(y, parts.max(0).values)
@@ -90,7 +90,10 @@ def test_staging_gives_the_same_results(comm, forced):
     assert torch.equal(mine, direct)
     later = torch.zeros(7)  # the non-blocking forms write back when waited on
     sc.ireduce_scatter(parts[rank].clone(), later, op="sum").wait()
-    assert torch.equal(later, direct)
+    # Not bitwise: an MPI may reduce a non-blocking collective in another order than the blocking
+    # one (Open MPI does). Any order of R float32 additions is within ·eps·Σ|x| of any other.
+    bound = (size - 1) * torch.finfo(torch.float32).eps * parts.abs().sum(0).reshape(size, 7)[rank]
+    assert ((later - direct).abs() <= bound).all(), (later - direct, bound)
     gathered_later = torch.zeros(size, 7 * size)
     sc.iallgather(parts[rank].clone(), gathered_later).wait()
     assert torch.equal(gathered_later, parts)
