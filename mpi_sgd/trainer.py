@@ -32,7 +32,7 @@ from tqdm import tqdm
 
 from . import agree, data, gradsync, zero
 from .amp import MixedPrecision
-from .checkpoint import CheckpointError, Progress, resume, save_training
+from .checkpoint import CheckpointError, Progress, hold, resume, save_training
 from .comm import split_counts
 from .config import TrainConfig
 from .convergence import Convergence
@@ -108,6 +108,8 @@ class Trainer:
                 print(processes_line(processes), flush=True)
 
         model = replicate(build, comm, cfg.seed, check)
+        if cfg.checkpoint:  # one job per directory, for this job's life (mpi_sgd.checkpoint.lock)
+            hold(cfg.checkpoint, comm)
         events = [] if cfg.timeline else None
         if cfg.zero:  # sharded data parallel: the optimizer steps on this rank's shards only
             sync, optimizer = zero.make(cfg.zero, model, comm, lambda shards: make_optimizer(cfg, shards), events)

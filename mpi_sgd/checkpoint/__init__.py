@@ -10,11 +10,13 @@ ranks need not see the same filesystem. Every rank then reads the bytes with
 ``torch.load(weights_only=True)``, which accepts tensors and plain containers only. A checkpoint
 that cannot be used raises :class:`CheckpointError` with one line, on every rank alike.
 
-The trainer's own state, saved and resumed: :mod:`.trainer_state`.
+The trainer's own state, saved and resumed: :mod:`.trainer_state`. One job per directory:
+:mod:`.lock`.
 """
 
 from __future__ import annotations
 
+from .lock import hold
 from .payload import deserialize, load, read, read_state, serialize
 from .store import CheckpointError, check_writable, checkpoints, save, step_name
 from .trainer_state import TRAINER_KEYS, Progress, restore, resume, save_training
@@ -26,6 +28,7 @@ __all__ = [
     "check_writable",
     "checkpoints",
     "deserialize",
+    "hold",
     "load",
     "read",
     "read_state",

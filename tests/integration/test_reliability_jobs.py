@@ -67,3 +67,28 @@ def test_kill_then_resume_auto_is_bit_identical():
     cmd, env = mpiexec_command(2, SCRIPT, "--epochs", "4", "--no-progress", "--batch-size", "64")
     ok, seconds, message = drill.kill_and_resume(cmd, env={**env, **ENV}, timeout=150)
     assert ok, message
+
+
+def test_a_second_job_in_the_same_checkpoint_directory_is_refused(tmp_path):
+    # Job A trains (slowly: many small epochs); job B, given A's directory, must refuse in one line
+    # naming A, before training, and leave A's checkpoints alone.
+    ck = str(tmp_path / "ck")
+    cmd, env = mpiexec_command(2, SCRIPT, "--checkpoint", ck, "--epochs", "400", "--batch-size", "8")
+    first = subprocess.Popen([*cmd, "--no-progress"], cwd=ROOT, env={**env, **ENV}, stdout=subprocess.PIPE, text=True)
+    try:
+        for line in first.stdout:  # A's first epoch is saved: it holds the lock
+            if line.startswith("epoch   0"):
+                break
+        out = run_mpi(2, SCRIPT, "--checkpoint", ck, "--resume", "auto", "--epochs", "2", env=ENV, check=False)
+        assert out.returncode == 2, (out.returncode, out.stderr[-2000:])
+        lines = out.stderr.strip().splitlines()
+        assert len(lines) == 1 and "is in use by another job" in lines[0], out.stderr
+        assert "resuming" not in out.stdout and "epoch" not in out.stdout
+        assert first.poll() is None  # A trains on
+    finally:
+        first.terminate()  # mpiexec passes SIGTERM on to its ranks (a SIGKILL would orphan them)
+        try:
+            first.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            first.kill()
+            first.wait()
