@@ -68,7 +68,7 @@ try:
     trainer = Trainer.from_config(cfg, train, comm, val=val)
     if cfg.resume:  # the root reads it and broadcasts its bytes; every rank gets the same verdict
         auto = {"auto": True, "auto-or-fresh": "or-fresh"}.get(cfg.resume, False)
-        used = trainer.load_checkpoint(cfg.checkpoint if auto else cfg.resume, auto)
+        used = trainer.load_checkpoint(cfg.checkpoint if auto else cfg.resume, auto, parser.given())
         if comm.is_root:
             print(f"resuming from {used} at step {trainer.step}" if used else "no checkpoint yet: starting afresh")
 except (ConfigMismatch, CheckpointError) as e:

@@ -71,6 +71,13 @@ class ArgumentParser(argparse.ArgumentParser):
         except ValueError as e:
             self.fail(str(e))
 
+    def given(self, argv: list[str] | None = None) -> set[str]:
+        """The flags on the command line (``argv``, by default this process's), by field name: what
+        a user asked for, told apart from a default (a resumed run keeps its own unless asked)."""
+        words = sys.argv[1:] if argv is None else argv
+        actions = self._option_string_actions
+        return {actions[w.split("=", 1)[0]].dest for w in words if w.split("=", 1)[0] in actions}
+
     def parse_flags(self, cls, argv: list[str] | None = None, **given):
         """Every flag of ``cls`` added, the command line parsed, and ``cls`` built from it."""
         self.add_flags(cls, skip=tuple(given))

@@ -30,9 +30,9 @@ from dataclasses import asdict
 import torch
 from tqdm import tqdm
 
-from . import agree, data, gradsync, zero
+from . import agree, data, gradsync, resumption, zero
 from .amp import MixedPrecision
-from .checkpoint import CheckpointError, Progress, hold, resume, save_training
+from .checkpoint import hold
 from .comm import split_counts
 from .config import TrainConfig
 from .convergence import Convergence
@@ -265,33 +265,13 @@ class Trainer:
             return None
         return self.conv.target.summary(self.step, time.perf_counter() - self._t0)
 
-    # -- checkpoints ------------------------------------------------------------------------
+    # -- checkpoints (mpi_sgd.resumption) -------------------------------------------------
     def _save_checkpoint(self, directory: str) -> None:
-        progress = Progress(self.epoch, self.step_in_epoch, self.step)
-        save_training(
-            directory, self.comm, self.model, self.optimizer, self.amp, self.cfg, progress, self.conv.schedule
-        )
+        resumption.save(self, directory)
 
-    def load_checkpoint(self, path: str, auto: bool | str = False) -> str | None:
-        """Resume from ``path``: a ``--checkpoint`` directory (its newest checkpoint), one ``step-N``
-        in it, or, with ``auto``, the newest checkpoint in ``path`` that verifies (None: none yet).
-
-        Returns the checkpoint used. Raises :class:`~mpi_sgd.checkpoint.CheckpointError`, on every
-        rank alike, for one that cannot be read or fails its checksum, one written for another
-        model or optimizer, and one that leaves nothing to train within ``--epochs``/``--max-steps``.
-        """
-        found = resume(path, self.comm, self.model, self.optimizer, self.amp, self.cfg, auto, self.conv.schedule)
-        if found is None:
-            return None
-        path, at = found
-        self.epoch, self.step_in_epoch, self.step = at.epoch, at.step_in_epoch, at.step
-        if self.epoch >= self.cfg.epochs or self._done():
-            limit = f"--epochs {self.cfg.epochs}" + (f" --max-steps {self.cfg.max_steps}" if self.cfg.max_steps else "")
-            raise CheckpointError(
-                f"checkpoint {path!r} is already at epoch {self.epoch}, step {self.step}: nothing is left to train "
-                f"with {limit}; raise {'them' if self.cfg.max_steps else 'it'} to train on"
-            )
-        return path
+    def load_checkpoint(self, path: str, auto: bool | str = False, given=frozenset()) -> str | None:
+        """Resume from ``path``; the checkpoint used, or None (see :func:`mpi_sgd.resumption.load`)."""
+        return resumption.load(self, path, auto, given)
 
     # -- measurements -----------------------------------------------------------------------
     def metrics(self) -> dict:
@@ -306,7 +286,10 @@ class Trainer:
           launch: ``t_sync`` the time blocked in gradient communication, ``t_comp`` the rest of the
           step (forward, backward, optimizer), so ``t_comp + t_sync`` is the step time;
         * ``summary``: ``{"t_comp", "t_sync"}``, per step the slowest rank, averaged over the steps
-          after the first ``warmup_steps``.
+          after the first ``warmup_steps``;
+        * ``time_to_target``: the steps, samples, epochs and seconds to ``--target-val-*`` (or how far
+          the run got), null without a target; each epoch also has ``b_noise`` (``--noise-scale``)
+          and ``lr`` (the rate of its last step) where the run measures or schedules them.
         """
         per_rank = self.comm.gather_obj((self.t_comp, self.t_sync))
         if not self.comm.is_root:

@@ -26,7 +26,7 @@ class FakeTrainer:
 
     step = 0
 
-    def load_checkpoint(self, path, auto=False):
+    def load_checkpoint(self, path, auto=False, given=frozenset()):
         return path
 
     def train(self):

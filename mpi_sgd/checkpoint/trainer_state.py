@@ -71,11 +71,32 @@ def save_training(directory: str, comm, model, optimizer, amp, cfg, progress: Pr
     save(serialize(state), meta, directory, progress.step, cfg.keep_checkpoints)
 
 
-def resume(
-    path: str, comm, model, optimizer, amp, cfg, auto: bool = False, schedule=None
-) -> tuple[str, Progress] | None:
+# Flags a resumed run may change (a notice says so) and otherwise takes from the checkpoint; the
+# rest (model, dataset, dtype, optimizer) must match, or the checkpoint is refused naming them.
+RESUMABLE = ("lr", "momentum", "lr_scaling", "base_batch", "warmup", "schedule", "adascale")
+
+
+def settings_on_resume(saved: dict, cfg, given) -> tuple[dict, list[str]]:
+    """The :data:`RESUMABLE` settings a resumed run trains with: each flag ``given`` on its command
+    line as given (with a notice where it replaces the checkpoint's value), each other one as the
+    checkpoint had it. Returns (the changes to make to ``cfg``, the notices)."""
+    changes, notices = {}, []
+    for name in RESUMABLE:
+        if name not in saved or saved[name] == getattr(cfg, name):
+            continue
+        flag = "--" + name.replace("_", "-")
+        if name in given:
+            notices.append(f"{flag} {getattr(cfg, name)} replaces {saved[name]} from the checkpoint")
+        else:
+            changes[name] = saved[name]
+    return changes, notices
+
+
+def resume(path: str, comm, model, optimizer, amp, cfg, auto: bool | str = False) -> tuple[str, Progress, dict] | None:
     """Load the checkpoint at ``path`` into ``model``, ``optimizer`` and ``amp`` on every rank, and
-    set this rank's RNG: the checkpoint used and where the loop stands; None if ``auto`` found none.
+    set this rank's RNG: the checkpoint used, where the loop stands and what else it saved
+    (``{"config": its flags, "schedule": the learning-rate schedule's state}``); None if ``auto``
+    found none.
 
     ``path`` as :func:`~mpi_sgd.checkpoint.load` takes it. Raises :class:`CheckpointError`, on
     every rank alike, for one that cannot be read or fails its checksum, and one written for
@@ -88,8 +109,6 @@ def resume(
     restore(state, model, optimizer, path, meta, asdict(cfg))
     amp.load_state_dict(state.get("amp"))
     progress = Progress(state["epoch"], state["step_in_epoch"], state["step"])
-    if schedule is not None:  # a checkpoint from before schedules: the rules restart at its step
-        schedule.load_state_dict(state.get("schedule") or {"step": progress.step, "tau": float(progress.step)})
     if state["world_size"] == comm.size:
         torch.set_rng_state(state["rng"][comm.rank].clone())
     else:
@@ -99,7 +118,9 @@ def resume(
         torch.manual_seed(cfg.seed + comm.rank + 1_000_003 * progress.step)
         if progress.step_in_epoch:
             progress = Progress(progress.epoch + 1, 0, progress.step)
-    return path, progress
+    # a checkpoint from before schedules: the rules restart at its step
+    schedule = state.get("schedule") or {"step": progress.step, "tau": float(progress.step)}
+    return path, progress, {"config": (meta or {}).get("config") or {}, "schedule": schedule}
 
 
 def restore(state, model, optimizer, path: str, meta: dict | None = None, config: dict | None = None) -> None:

@@ -155,3 +155,31 @@ def test_sigkill_at_every_step_of_a_save_leaves_a_loadable_checkpoint(point):
     # before the rename the old checkpoint is what a resume finds; after it, the new one
     want = 1 if point <= POINTS.index("before rename to step-00000002") else 2
     assert f"resumes from step {want}" in message
+
+
+def test_flags_given_on_resume_replace_the_checkpoints_and_the_rest_continue(tmp_path, capsys):
+    d = str(tmp_path / "ck")
+    trainer(checkpoint=d, epochs=1, lr=0.02, momentum=0.5).train()
+    capsys.readouterr()
+    # --lr given: it replaces 0.02, says so, trains with it and records it in the next checkpoint
+    t = trainer(checkpoint=d, resume="auto", epochs=2, lr=1e-9)
+    t.load_checkpoint(d, auto=True, given={"lr"})
+    assert "--lr 1e-09 replaces 0.02 from the checkpoint" in capsys.readouterr().out
+    assert [g["lr"] for g in t.optimizer.param_groups] == [1e-9]
+    assert [g["momentum"] for g in t.optimizer.param_groups] == [0.5]  # not given: the checkpoint's
+    t.train()
+    meta = json.loads(open(os.path.join(store.latest(d), "meta.json")).read())
+    assert (meta["config"]["lr"], meta["config"]["momentum"]) == (1e-9, 0.5)
+    # nothing given: the default --lr 0.05 of this command line does not replace the run's 1e-9
+    t = trainer(checkpoint=d, resume="auto", epochs=3)
+    t.load_checkpoint(d, auto=True, given=set())
+    assert t.cfg.lr == 1e-9 and [g["lr"] for g in t.optimizer.param_groups] == [1e-9]
+    assert "replaces" not in capsys.readouterr().out
+
+
+def test_what_a_command_line_gave_is_told_from_defaults():
+    from mpi_sgd.args import ArgumentParser
+
+    parser = ArgumentParser()
+    parser.add_flags(TrainConfig)
+    assert parser.given(["--lr=0.1", "--epochs", "3", "--no-progress"]) == {"lr", "epochs", "progress"}
