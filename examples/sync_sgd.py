@@ -28,6 +28,8 @@ from mpi_sgd.comm.gpu import local_device
 from mpi_sgd.config import TrainConfig
 from mpi_sgd.launch import pin_threads, placement
 from mpi_sgd.models import build_model, check_input
+from mpi_sgd.preemption import EXIT_STATUS as PREEMPTED
+from mpi_sgd.preemption import Preempted
 from mpi_sgd.report import write_json
 from mpi_sgd.trainer import Trainer, TrainingDiverged
 
@@ -80,6 +82,10 @@ except (TrainingDiverged, ReplicasDiverged) as e:  # every rank stops at the sam
     if comm.is_root:
         print(e, file=sys.stderr, flush=True)
     sys.exit(1)
+except Preempted as e:  # SIGTERM or SIGUSR1 (Slurm's time limit, preemption): that step saved
+    if comm.is_root:
+        print(e, flush=True)
+    sys.exit(PREEMPTED)
 timeline = trainer.timeline() if cfg.timeline else None
 
 if comm.is_root:

@@ -60,6 +60,7 @@ class TrainConfig:
         "directory to write checkpoints into (root rank, atomically, checksummed) after each epoch and at the end",
         str,
     )
+    checkpoint_every: int = _flag(0, "also checkpoint every this many steps within an epoch (0: at epoch ends only)")
     keep_checkpoints: int = _flag(3, "how many of the newest checkpoints to keep in --checkpoint (0: all)")
     resume: str | None = _flag(
         None,
@@ -165,6 +166,8 @@ class TrainConfig:
                 f"--checkpoint {self.checkpoint!r} already holds checkpoints of another run; continue it with "
                 "--resume auto, or choose another directory",
             )
+        check(self.checkpoint_every >= 0, f"--checkpoint-every must be 0 or more, got {self.checkpoint_every}")
+        check(not self.checkpoint_every or bool(self.checkpoint), "--checkpoint-every needs --checkpoint DIR")
         check(self.keep_checkpoints >= 0, f"--keep-checkpoints must be 0 or more, got {self.keep_checkpoints}")
         check(self.check_every >= 0, f"--check-every must be 0 or more, got {self.check_every}")
         check(

@@ -73,8 +73,9 @@ CASES = (
 )
 # Checkpoint drills (mpi_sgd.checkpoint.drill): each returns (ok, seconds, message) itself. The test
 # suite runs them on their own (tests/unit/test_checkpoint_dirs.py, tests/integration/test_reliability_jobs.py).
-DRILLS = ("SIGKILL at every step of a save", "SIGKILL mid-run, then --resume auto")
-DRILL_BOUNDS = {DRILLS[0]: 30.0, DRILLS[1]: 240.0}  # the whole drill: 12 saves killed; three training runs
+DRILLS = ("SIGKILL at every step of a save", "SIGKILL mid-run, then --resume auto", "SIGTERM mid-epoch: the step saved")
+# the whole drill: 12 saves killed; three training runs; SIGTERM to exit for the MLP at R = 2
+DRILL_BOUNDS = {DRILLS[0]: 30.0, DRILLS[1]: 240.0, DRILLS[2]: 10.0}
 
 
 @dataclass
@@ -164,9 +165,12 @@ def run_drill(name: str, script: str, cwd: str | None = None) -> Outcome:
         bad = [m for ok, _, m in results if not ok]
         ok, seconds = not bad, sum(t for _, t, _ in results)
         message = bad[0] if bad else f"{len(results)} kill points: the previous checkpoint loaded after every one"
-    else:
+    elif name == DRILLS[1]:
         cmd, env = mpiexec_command(2, script, "--epochs", "4", "--no-progress", "--batch-size", "64")
         ok, seconds, message = drill.kill_and_resume(cmd, env={**env, "OMP_NUM_THREADS": "1"}, timeout=200)
+    else:  # the 784-1024-1024-10 MLP, a 15 MB checkpoint with its momentum: the save must fit KillWait
+        cmd, env = mpiexec_command(2, script, "--model", "mlp", "--epochs", "100", "--no-progress")
+        ok, seconds, message = drill.sigterm_saves(cmd, env={**env, "OMP_NUM_THREADS": "1"}, timeout=120)
     bound = DRILL_BOUNDS[name]
     return Outcome(Case(name, "", status="0"), 0 if ok else 1, seconds, bound, message[:160], ok and seconds <= bound)
 

@@ -40,6 +40,7 @@ from .gradsync import GradSync
 from .launch import processes_line
 from .models import build_model
 from .nonfinite import diagnose
+from .preemption import Preempted, Preemption
 from .replicas import replicate
 from .step import Step, TrainingDiverged, evaluate, make_optimizer, train_step
 from .timing import WARMUP_STEPS, chrome_trace, slowest_after_warmup
@@ -79,6 +80,7 @@ class Trainer:
         self.t_sync: list[float] = []
         self.history: list[dict] = []
         self.counters: list[tuple] = []  # per-epoch values for the timeline's counter tracks
+        self.preemption, self.signalled = None, 0  # in train(): SIGTERM/SIGUSR1 caught, and agreed
         self.events = sync.events  # shared with the strategy, which adds its allreduces
         self.amp = MixedPrecision(cfg.amp, next(model.parameters()).device.type)
         # rates, noise scale, target; a schedule spans --epochs (--max-steps only cuts a run short)
@@ -163,6 +165,10 @@ class Trainer:
                 bar.set_postfix(loss=f"{stats[0].item() / stats[2].item():.4f}")
             if self.conv.eval_due(self.step):  # every rank alike: the scores come out of one all-reduce
                 self._score_target()
+            self.signalled = self.preemption.agreed() if self.preemption else 0  # SIGTERM, SIGUSR1
+            every = cfg.checkpoint_every
+            if cfg.checkpoint and every and self.step % every == 0 and s + 1 < self.steps_per_epoch:
+                self._save_checkpoint(cfg.checkpoint)  # (the epoch's end saves anyway)
             if self._done():
                 break
         bar.close()
@@ -241,19 +247,23 @@ class Trainer:
             agree.check_replicas(self.comm, self.model, self.step)
 
     def _done(self) -> bool:
-        return 0 < self.cfg.max_steps <= self.step or self.conv.reached
+        return 0 < self.cfg.max_steps <= self.step or self.conv.reached or bool(self.signalled)
 
     def train(self) -> dict:
         cfg = self.cfg
         for line in self.conv.describe() if self.comm.is_root else ():
             print(line, flush=True)
-        while self.epoch < cfg.epochs and not self._done():
-            self._run_epoch(self.epoch)
-            if self.step_in_epoch == self.steps_per_epoch:
-                self.epoch, self.step_in_epoch = self.epoch + 1, 0
-            if cfg.checkpoint:
-                self.comm.where("checkpoint")
-                self._save_checkpoint(cfg.checkpoint)
+        with Preemption(self.comm, self.dataset.x.device) as self.preemption:
+            while self.epoch < cfg.epochs and not self._done():
+                self._run_epoch(self.epoch)
+                if self.step_in_epoch == self.steps_per_epoch:
+                    self.epoch, self.step_in_epoch = self.epoch + 1, 0
+                if cfg.checkpoint:  # after each epoch, and the step a signal stopped at
+                    self.comm.where("checkpoint")
+                    self._save_checkpoint(cfg.checkpoint)
+        self.preemption = None
+        if self.signalled:
+            raise Preempted(self.signalled, self.step, cfg.checkpoint)
         self._check_replicas()  # silent divergence cannot pass
         if self.conv.target is not None and self.comm.is_root:
             print(self.conv.target.line(self.time_to_target()), flush=True)

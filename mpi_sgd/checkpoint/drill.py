@@ -200,3 +200,34 @@ def _equal(x, y) -> bool:
     if isinstance(x, (list, tuple)):
         return type(x) is type(y) and len(x) == len(y) and all(_equal(a, b) for a, b in zip(x, y, strict=True))
     return x == y
+
+
+def sigterm_saves(command: list[str], env: dict | None = None, timeout: float = 120) -> tuple[bool, float, str]:
+    """Start ``command + ['--checkpoint', DIR]``, SIGTERM its launcher mid-epoch once it trains (as
+    Slurm ends a job), and check that it exits 75 having saved the step it stopped at, newest in
+    ``DIR``. The seconds are from the signal to the job's exit: the step, the save and the exit."""
+    import re
+
+    env = {**os.environ, **(env or {})}
+    with tempfile.TemporaryDirectory() as d:
+        ck = os.path.join(d, "ck")
+        job = subprocess.Popen([*command, "--checkpoint", ck], env=env, stdout=subprocess.PIPE, text=True)
+        for line in job.stdout:
+            if line.startswith("epoch"):  # an epoch done: the next one is under way
+                break
+        time.sleep(0.2)  # into the next epoch, between its checkpoints
+        start = time.perf_counter()
+        job.terminate()
+        try:
+            out, _ = job.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            job.kill()
+            return False, time.perf_counter() - start, "the job did not end after SIGTERM"
+        took = time.perf_counter() - start
+        said = re.search(r"^saved step (\d+) to .* on SIGTERM", out, re.M)
+        newest = store.checkpoints(ck)[:1]
+        if job.returncode != 75 or not said or not newest:
+            return False, took, f"exit {job.returncode}, said {said and said.group(0)!r}, checkpoints {newest}"
+        if not newest[0].endswith(store.step_name(int(said.group(1)))):
+            return False, took, f"said step {said.group(1)} but the newest checkpoint is {newest[0]}"
+        return True, took, f"exit 75; saved step {said.group(1)}, the newest checkpoint"

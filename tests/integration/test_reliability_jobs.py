@@ -92,3 +92,22 @@ def test_a_second_job_in_the_same_checkpoint_directory_is_refused(tmp_path):
         except subprocess.TimeoutExpired:
             first.kill()
             first.wait()
+
+
+def test_sigterm_to_mpiexec_saves_the_step_and_resume_auto_goes_on(tmp_path):
+    # As Slurm ends a job at its time limit: SIGTERM to the launcher, which passes it to the ranks.
+    ck = str(tmp_path / "ck")
+    cmd, env = mpiexec_command(2, SCRIPT, "--checkpoint", ck, "--epochs", "400", "--batch-size", "8", "--no-progress")
+    job = subprocess.Popen(cmd, cwd=ROOT, env={**env, **ENV}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for line in job.stdout:
+        if line.startswith("epoch   1"):
+            break
+    job.terminate()
+    out, err = job.communicate(timeout=60)
+    assert job.returncode == 75, (job.returncode, err[-2000:])
+    said = re.findall(r"^saved step (\d+) to (.+) on SIGTERM; resume with --resume auto$", out, re.M)
+    assert len(said) == 1 and said[0][1] == ck, out[-2000:]
+    assert "Traceback" not in err and "BAD TERMINATION" not in out + err
+    step = int(said[0][0])
+    again = run_mpi(2, SCRIPT, "--checkpoint", ck, "--resume", "auto", "--epochs", "3", "--batch-size", "8", env=ENV)
+    assert re.search(rf"^resuming from {re.escape(ck)}/step-0*{step} at step {step}$", again.stdout, re.M), again.stdout

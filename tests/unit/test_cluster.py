@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import re
+import signal
 import subprocess
 from pathlib import Path
 
 import pytest
 
+from mpi_sgd.checkpoint import store
 from mpi_sgd.cluster.doctor import SHM_MIN, HostReport, compare, first_problem, table
 from mpi_sgd.cluster.hosts import Host, parse_hostfile, parse_hosts_option, read_hostfile, unique_names
 from mpi_sgd.launch import check_world
@@ -130,3 +134,39 @@ def test_jobs_started_from_a_job_keep_the_users_launcher_settings(monkeypatch):
     _, env = mpiexec_command(2, "x.py")
     assert env["HYDRA_LAUNCHER_EXEC"] == "/cluster/ssh" and env["HYDRA_IFACE"] == "eth1"
     assert "PMI_RANK" not in env and "HYDRA_CONTROL_FD" not in env
+
+
+def test_slurm_script_saves_on_its_signal_and_requeues(tmp_path):
+    # The batch script as Slurm runs it, with srun and scontrol stood in for: srun starts the one
+    # task itself; the script gets SIGUSR1 (Slurm's --signal=B:USR1) once training runs, must pass it
+    # on, see the job exit 75 with its step saved, and requeue the job.
+    root = HOSTFILES.parent
+    for name in (".venv", "examples"):
+        (tmp_path / name).symlink_to(root / name)
+    bin_dir = tmp_path / "fake-bin"
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text('#!/bin/bash\nshift\nexec "$@"\n')  # drop --mpi=..., run the one task
+    (bin_dir / "scontrol").write_text(f'#!/bin/bash\necho "$@" > {tmp_path}/scontrol\n')
+    for f in bin_dir.iterdir():
+        f.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "OMPI_", "PMIX_", "HYDRA_"))}
+    env.update(
+        PATH=f"{bin_dir}:{env['PATH']}",
+        SLURM_SUBMIT_DIR=str(tmp_path),
+        SLURM_NTASKS="1",
+        SLURM_JOB_NAME="job",
+        SLURM_JOB_ID="42",
+        OMP_NUM_THREADS="1",
+    )
+    job = subprocess.Popen(
+        ["bash", str(HOSTFILES / "slurm.sbatch")], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    for line in job.stdout:
+        if line.startswith("epoch   0"):
+            break
+    job.send_signal(signal.SIGUSR1)
+    out, err = job.communicate(timeout=120)
+    assert job.returncode == 75, (job.returncode, out[-2000:], err[-2000:])
+    assert re.search(r"^saved step \d+ to checkpoints/job on SIGTERM; resume with --resume auto$", out, re.M), out
+    assert (tmp_path / "scontrol").read_text().split() == ["requeue", "42"]
+    assert store.checkpoints(str(tmp_path / "checkpoints" / "job"))
