@@ -97,6 +97,9 @@ PROBES = {
             "--noise-scale": probe("--noise-scale --grad-accum 2", at(TRAIN, "cfg.noise_scale", True)),
             "--adascale": probe("--adascale --grad-accum 2", at(TRAIN, "cfg.adascale", True)),
             "--eval-every": probe("--eval-every 5 --target-val-loss 0.1", at(TRAIN, "cfg.eval_every", 5)),
+            "--checkpoint-every": probe(
+                "--checkpoint {tmp}/ck --checkpoint-every 5", at(TRAIN, "cfg.checkpoint_every", 5)
+            ),
             "--dataset": probe("--dataset blobs", at(PREPARE, "name", "blobs")),
             "--val-fraction": probe("--val-fraction 0.25", at(PREPARE, "val_fraction", 0.25)),
             "--seed": probe("--seed 7", at(PREPARE, "seed", 7), at(TRAIN, "cfg.seed", 7)),
