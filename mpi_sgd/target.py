@@ -65,32 +65,25 @@ class TimeToTarget:
         scoring the held-out set with ``--eval-every``): True once reached."""
         self.best = self.target.better(self.best, score)
         if self.record is None and self.target.reached(score):
-            self.record = {
-                "target": self.target.text,
-                "reached": True,
-                "step": step,
-                "samples": step * self.global_batch,
-                "epochs": step / self.steps_per_epoch,
-                "wall_s": seconds,
-                "eval_s": eval_s,
-                "val_loss": val_loss,
-                "val_accuracy": val_accuracy,
-            }
+            self.record = self._at(True, step, seconds) | {"eval_s": eval_s, "val_loss": val_loss}
+            self.record["val_accuracy"] = val_accuracy
         return self.reached
+
+    def _at(self, reached: bool, step: int, seconds: float) -> dict:
+        return {
+            "target": self.target.text,
+            "reached": reached,
+            "step": step,
+            "samples": step * self.global_batch,
+            "epochs": step / self.steps_per_epoch,
+            "wall_s": seconds,
+        }
 
     def summary(self, step: int, seconds: float) -> dict:
         """The record to report at the end: reached, or how far the run got."""
         if self.record is not None:
             return self.record
-        return {
-            "target": self.target.text,
-            "reached": False,
-            "step": step,
-            "samples": step * self.global_batch,
-            "epochs": step / self.steps_per_epoch,
-            "wall_s": seconds,
-            "best": self.best,
-        }
+        return self._at(False, step, seconds) | {"best": self.best}
 
     @staticmethod
     def line(record: dict) -> str:
