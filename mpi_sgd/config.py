@@ -227,6 +227,7 @@ class TrainConfig:
         """
         import torch
 
+        from .comm import check_environment
         from .comm.backends.torch_dist import unavailable
 
         try:
@@ -247,6 +248,7 @@ class TrainConfig:
             )
         # mpi4py with --device cuda needs no check: init() stages GPU tensors through pinned host
         # memory where the MPI library is not CUDA-aware (mpi_sgd.comm.gpu, mpi_sgd.comm.wrappers.staged).
+        check_environment(world_size)  # MPI_SGD_STALL_TIMEOUT, MPI_SGD_FAULT: as the flags are checked
         if (self.noise_scale or self.adascale) and world_size == 1 and (self.grad_accum < 2 or self.zero):
             raise ValueError(
                 "--noise-scale at one process compares micro-batches with the step: give --grad-accum 2 or more "

@@ -89,6 +89,25 @@ def init(
     return comm
 
 
+def check_environment(world_size: int, environ=None) -> None:
+    """Raise ValueError, in one line, for a ``MPI_SGD_*`` variable :func:`init` would refuse or
+    ignore: the same checks as the flags, before any rank starts MPI (a bad value would otherwise
+    fail after it, on every rank), and a fault for a rank the job does not have."""
+    from ..launch import env_seconds
+
+    environ = os.environ if environ is None else environ
+    env_seconds("MPI_SGD_STALL_TIMEOUT", 60.0, environ)
+    if environ.get("MPI_SGD_FAULT"):
+        from .wrappers.faults import Fault
+
+        fault = Fault.parse(environ["MPI_SGD_FAULT"])
+        if fault.rank >= world_size:
+            raise ValueError(
+                f"MPI_SGD_FAULT={fault} names rank {fault.rank}, but this job has {world_size} rank(s) "
+                f"(0-{world_size - 1}): the fault would never happen"
+            )
+
+
 def _for_gpus(comm: Communicator) -> Communicator:
     """GPU tensors through MPI: as they are if the library is CUDA-aware, else staged via the host."""
     import torch
@@ -115,6 +134,7 @@ __all__ = [
     "Communicator",
     "Request",
     "Status",
+    "check_environment",
     "init",
     "split_counts",
 ]

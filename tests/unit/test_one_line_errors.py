@@ -195,3 +195,20 @@ def test_a_list_of_choices_keeps_order_and_names_what_is_unknown():
     for text, unknown in (("raw,bogus", "bogus"), (",", "','")):
         with pytest.raises(argparse.ArgumentTypeError, match=f"unknown implementation\\(s\\) {unknown}; choose from"):
             parse(text)
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"MPI_SGD_STALL_TIMEOUT": "soon"}, "MPI_SGD_STALL_TIMEOUT must be a number of seconds, got 'soon'"),
+        ({"MPI_SGD_STALL_TIMEOUT": "-1"}, "MPI_SGD_STALL_TIMEOUT must be 0 or more seconds"),
+        ({"MPI_SGD_FAULT": "1:x:nan"}, "MPI_SGD_FAULT must read rank:step:kind"),
+        ({"MPI_SGD_FAULT": "7:3:kill"}, "names rank 7, but this job has 2 rank(s) (0-1)"),
+    ],
+)
+def test_bad_environment_is_one_line_before_mpi(monkeypatch, env, message):
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    with pytest.raises(ValueError) as e:
+        TrainConfig().check_machine(2)
+    assert message in one_line(e)
