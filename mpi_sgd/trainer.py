@@ -165,7 +165,7 @@ class Trainer:
                 bar.set_postfix(loss=f"{stats[0].item() / stats[2].item():.4f}")
             if self.conv.eval_due(self.step):  # every rank alike: the scores come out of one all-reduce
                 self._score_target()
-            self.signalled = self.preemption.agreed() if self.preemption else 0  # SIGTERM, SIGUSR1
+            self.signalled = self.preemption.agreed(self.step) if self.preemption else 0  # SIGTERM, SIGUSR1
             every = cfg.checkpoint_every
             if cfg.checkpoint and every and self.step % every == 0 and s + 1 < self.steps_per_epoch:
                 self._save_checkpoint(cfg.checkpoint)  # (the epoch's end saves anyway)
