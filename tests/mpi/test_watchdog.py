@@ -89,7 +89,12 @@ def test_a_call_with_other_arguments_is_caught_while_the_job_runs(comm):
     try:
         for i in range(2 * CHECK_EVERY):
             wd.allreduce(torch.ones((2, 2) if comm.rank == 1 and i == 5 else (4,)))
-        time.sleep(1.0)  # twenty polls: the check's messages and the history it asks for
+        # The check's messages and the history it asks for take a few polls; under load (ranks
+        # sharing cores) more than a fixed pause gives them: rank 0 waits for the named call, up
+        # to 20 s, while the others wait in the barrier, their watchdogs still answering.
+        deadline = time.monotonic() + (20.0 if comm.rank == 0 and comm.size > 1 else 1.0)
+        while time.monotonic() < deadline and not any("at call #6" in r for r in reports):
+            time.sleep(0.05)
         wd.barrier()
     finally:
         wd.close()
