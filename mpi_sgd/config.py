@@ -61,6 +61,14 @@ class TrainConfig:
         str,
     )
     keep_checkpoints: int = _flag(3, "how many of the newest checkpoints to keep in --checkpoint (0: all)")
+    checkpoint_every: int = _flag(
+        0, "also checkpoint every this many steps (0: after each epoch only), so an epoch is not the unit of loss"
+    )
+    save_timeout: float = _flag(
+        600.0,
+        "seconds one checkpoint save may take; the watchdog waits for it that long, and a save still writing "
+        "then is reported as hung, naming the path, and ends the job (0: no limit)",
+    )
     resume: str | None = _flag(
         None,
         "resume from this checkpoint (a --checkpoint directory or one step-N in it); 'auto': the newest "
@@ -166,6 +174,10 @@ class TrainConfig:
                 "--resume auto, or choose another directory",
             )
         check(self.keep_checkpoints >= 0, f"--keep-checkpoints must be 0 or more, got {self.keep_checkpoints}")
+        check(self.checkpoint_every >= 0, f"--checkpoint-every must be 0 or more steps, got {self.checkpoint_every}")
+        check(
+            0 <= self.save_timeout < float("inf"), f"--save-timeout must be 0 or more seconds, got {self.save_timeout}"
+        )
         check(self.check_every >= 0, f"--check-every must be 0 or more, got {self.check_every}")
         check(
             self.on_nonfinite in NONFINITE,
