@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from .amp import MODES as AMP_MODES
 from .args import flag as _flag
 from .checkpoint import check_writable, checkpoints
+from .checkpoint.store import save_fault
 from .comm import BACKENDS, TORCH_BACKENDS
 from .comm.wrappers.compress import DTYPES as COMPRESS_DTYPES
 from .data import BUILTIN
@@ -168,6 +169,7 @@ class TrainConfig:
         )
         if self.checkpoint:
             check_writable(self.checkpoint)
+            save_fault()  # the test hook's variable, refused here in one line when malformed
             check(
                 self.resume is not None or not checkpoints(self.checkpoint),
                 f"--checkpoint {self.checkpoint!r} already holds checkpoints of another run; continue it with "
