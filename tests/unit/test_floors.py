@@ -36,6 +36,7 @@ FLOORS = (
         "noisescale",
         "lrschedule",
         "target",
+        "preemption",
     ),
     ("gradsync", "pipeline", "paramserver", "zero"),  # parallelism strategies
     (
