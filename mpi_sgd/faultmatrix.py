@@ -19,9 +19,14 @@ the check found. Add a case by appending a :class:`Case` to :data:`CASES`.
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 import subprocess
+import sys
+import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .args import add_command, flag, positive_float
@@ -43,6 +48,10 @@ class Case:
     launcher: tuple[str, ...] = ()  # added to mpiexec's
     stall: bool = False  # bound: the stall timeout + SLACK
     env: dict = field(default_factory=dict)
+    # "{ck}" in args: a fresh checkpoint directory; setup(ck) prepares it before the launch and
+    # returns what undoes it (or None)
+    setup: Callable[[str], Callable[[], None] | None] | None = None
+    signal: int | None = None  # sent to the launcher once {ck} holds a checkpoint; bound: SLACK from then
 
     @property
     def blame(self) -> int | None:
@@ -71,6 +80,79 @@ CASES = (
     Case("dataset too small", r".*one step needs R\*B.*", status="2", args=("--batch-size", "100000")),
     Case("hostfile missing", r".*(hostfile|host file|No such file).*", launcher=("-f", "no-such-hostfile")),
 )
+
+
+def _held_by_another_job(ck: str):
+    """A second process holds ``ck``'s lock (mpi_sgd.checkpoint.lock), as a job running there would."""
+    code = "import sys, time\nfrom mpi_sgd.checkpoint.lock import acquire\nacquire(sys.argv[1])\nprint(1, flush=True)\n"
+    holder = subprocess.Popen([sys.executable, "-c", code + "time.sleep(600)", ck], stdout=subprocess.PIPE)
+    holder.stdout.readline()  # the lock is held from here on
+
+    def release():
+        holder.kill()
+        holder.wait()
+        holder.stdout.close()
+
+    return release
+
+
+def _only_unreadable(ck: str):
+    """``ck`` holds one checkpoint, its state overwritten after it was saved (a disk or NFS fault)."""
+    from .checkpoint import store
+
+    path = store.save(b"state", {"step": 5}, ck, 5)
+    with open(os.path.join(path, store.STATE), "wb") as f:
+        f.write(b"garbage")
+
+
+CK = ("--checkpoint", "{ck}")
+LONG = ("--epochs", "1000", "--max-steps", "0")  # runs until a signal stops it
+CHECKPOINT_CASES = (
+    Case(
+        "second job in one --checkpoint",
+        r".*is in use by another job \(host \S+, pid \d+, started .*",
+        status="2",
+        args=CK,
+        setup=_held_by_another_job,
+    ),
+    Case(
+        "only unreadable checkpoints",
+        r".*none of the 1 checkpoint.* can be read.*",
+        status="2",
+        args=(*CK, "--resume", "auto"),
+        setup=_only_unreadable,
+    ),
+    # rank 0 writes for longer than the others' --stall-timeout: a save, not a stall
+    Case("slow save (6 s)", r"\d+ steps; per step", status="0", args=CK, env={"MPI_SGD_SAVE_FAULT": "slow:6"}),
+    Case(
+        "hung save",
+        r"checkpoint save hung: saving step \d+ to .*",
+        args=(*CK, "--save-timeout", "2"),
+        env={"MPI_SGD_SAVE_FAULT": "slow:600"},
+    ),
+    Case(
+        "disk full during a save",
+        r".*no space left on the device; the checkpoint needs \d+ bytes.*",
+        status="2",
+        args=CK,
+        env={"MPI_SGD_SAVE_FAULT": "full"},
+    ),
+    Case(
+        "SIGTERM mid-run",
+        r"saved step \d+ to .* on SIGTERM; resume with --resume auto",
+        status="75",
+        args=(*CK, *LONG, "--checkpoint-every", "5"),
+        signal=signal.SIGTERM,
+    ),
+    Case(
+        "SIGUSR1 (Slurm's warning), MLP 784-1024-1024-10",
+        r"saved step \d+ to .* on SIGUSR1; resume with --resume auto",
+        status="75",
+        args=(*CK, *LONG, "--model", "mlp", "--dataset", "blobs", "--checkpoint-every", "5"),
+        signal=signal.SIGUSR1,
+    ),
+)
+CASES = CASES + CHECKPOINT_CASES
 # Checkpoint drills (mpi_sgd.checkpoint.drill): each returns (ok, seconds, message) itself. The test
 # suite runs them on their own (tests/unit/test_checkpoint_dirs.py, tests/integration/test_reliability_jobs.py).
 DRILLS = ("SIGKILL at every step of a save", "SIGKILL mid-run, then --resume auto")
@@ -88,19 +170,44 @@ class Outcome:
 
 
 def run_case(case: Case, script: str, stall_timeout: float, cwd: str | None = None) -> Outcome:
-    cmd, env = mpiexec_command(2, script, *TRAIN, "--stall-timeout", f"{stall_timeout:g}", *case.args)
-    cmd = [cmd[0], *case.launcher, *cmd[1:]]
-    env = {**env, **case.env, "MPIEXEC_TIMEOUT": str(int(LAUNCH_BOUND + stall_timeout + 2 * SLACK))}
-    env.pop("MPI_SGD_FAULT", None)
-    if case.fault:
-        env["MPI_SGD_FAULT"] = case.fault
-    start = time.time()
+    with tempfile.TemporaryDirectory() as tmp:
+        ck = os.path.join(tmp, "ck")
+        args = [a.replace("{ck}", ck) for a in case.args]
+        cmd, env = mpiexec_command(2, script, *TRAIN, "--stall-timeout", f"{stall_timeout:g}", *args)
+        cmd = [cmd[0], *case.launcher, *cmd[1:]]
+        env = {**env, **case.env, "MPIEXEC_TIMEOUT": str(int(LAUNCH_BOUND + stall_timeout + 2 * SLACK))}
+        env.pop("MPI_SGD_FAULT", None)
+        if case.fault:
+            env["MPI_SGD_FAULT"] = case.fault
+        undo = case.setup(ck) if case.setup else None
+        try:
+            start = time.time()
+            status, output, signalled = _launch(cmd, env, cwd, case.signal, ck)
+        finally:
+            if undo:
+                undo()
+    return judge(case, status, output, signalled or start, time.time(), stall_timeout)
+
+
+def _launch(cmd, env, cwd, signum, ck) -> tuple[int, str, float | None]:
+    """Run the job; with ``signum``, send it to the launcher once ``ck`` holds a checkpoint.
+    Returns (status, output, when the signal was sent)."""
+    job = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    sent = None
+    if signum:
+        deadline = time.monotonic() + 200
+        while not os.path.exists(os.path.join(ck, "latest")) and job.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if job.poll() is None:
+            sent = time.time()
+            job.send_signal(signum)  # the launchers pass it on to every rank
     try:
-        done = subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, text=True, timeout=240)
-        status, output = done.returncode, done.stdout + done.stderr
-    except subprocess.TimeoutExpired as e:
-        status, output = -9, f"hung: killed after {e.timeout} s\n" + str(e.stdout or "") + str(e.stderr or "")
-    return judge(case, status, output, start, time.time(), stall_timeout)
+        output, _ = job.communicate(timeout=240)
+        return job.returncode, output, sent
+    except subprocess.TimeoutExpired:
+        job.kill()
+        output, _ = job.communicate()
+        return -9, "hung: killed after 240 s\n" + output, sent
 
 
 def judge(case: Case, status: int, output: str, start: float, end: float, stall_timeout: float) -> Outcome:
@@ -113,9 +220,9 @@ def judge(case: Case, status: int, output: str, start: float, end: float, stall_
     if death:  # the launcher named a PID: add the rank it was, as one more line to match
         output += f"\n{death}\n"
     seconds = end - (float(fault_at.group(1)) if fault_at else start)
-    bound = (stall_timeout if case.stall else 0.0) + SLACK if fault_at else LAUNCH_BOUND
+    bound = (stall_timeout if case.stall else 0.0) + SLACK if fault_at or case.signal else LAUNCH_BOUND
     found = re.search(case.expect, output, re.M)
-    status_ok = {"0": status == 0, "2": status == 2}.get(case.status, status not in (0, -9))
+    status_ok = {"0": status == 0, "2": status == 2, "75": status == 75}.get(case.status, status not in (0, -9))
     if case.fault and not fault_at:
         message = "the fault was never injected"
     elif not found:
