@@ -84,8 +84,7 @@ class Trainer:
         self.amp = MixedPrecision(cfg.amp, next(model.parameters()).device.type)
         # rates, noise scale, target; a schedule spans --epochs (--max-steps only cuts a run short)
         self.conv = Convergence(cfg, comm, sync, self.steps_per_epoch, cfg.epochs * self.steps_per_epoch)
-        # SIGTERM/SIGUSR1: checkpoint the step in progress and stop (only where one can be saved)
-        self.preempt = Preemption(comm, bool(cfg.checkpoint), dataset.x.device)
+        self.preempt = Preemption(comm, False)  # train() listens for the signals while it runs
         if self.events is not None:
             comm.barrier()  # so every rank's timeline starts from (nearly) the same instant
         self._t0 = time.perf_counter()
@@ -265,6 +264,8 @@ class Trainer:
         cfg = self.cfg
         for line in self.conv.describe() if self.comm.is_root else ():
             print(line, flush=True)
+        # SIGTERM/SIGUSR1: checkpoint the step in progress and stop (only where one can be saved)
+        self.preempt = Preemption(self.comm, bool(cfg.checkpoint), self.dataset.x.device)
         try:
             while self.epoch < cfg.epochs and not self._done():
                 self._run_epoch(self.epoch)
