@@ -29,7 +29,7 @@ from mpi_sgd.config import TrainConfig
 from mpi_sgd.launch import pin_threads, placement
 from mpi_sgd.models import build_model, check_input
 from mpi_sgd.report import write_json
-from mpi_sgd.trainer import Preempted, Trainer, TrainingDiverged
+from mpi_sgd.trainer import Trainer, TrainingDiverged
 
 parser = ArgumentParser(description=__doc__)
 cfg = parser.parse_flags(TrainConfig)  # every field of TrainConfig is a flag
@@ -76,18 +76,14 @@ except (ConfigMismatch, CheckpointError) as e:
 
 try:
     metrics = trainer.train()
-except (TrainingDiverged, ReplicasDiverged) as e:  # every rank stops at the same step, same verdict
-    if comm.is_root:
-        print(e, file=sys.stderr, flush=True)
-    sys.exit(1)
-except Preempted as e:  # SIGTERM/SIGUSR1: every rank saved the same step; the batch script requeues
-    if comm.is_root:
-        print(e, flush=True)
-    sys.exit(e.status)
 except CheckpointError as e:  # a save that failed (a full disk): one line, on every rank alike
     if comm.is_root:
         print(f"error: {e}", file=sys.stderr, flush=True)
     sys.exit(2)
+except (TrainingDiverged, ReplicasDiverged) as e:  # every rank stops at the same step, same verdict
+    if comm.is_root:
+        print(e, file=sys.stderr, flush=True)
+    sys.exit(1)
 timeline = trainer.timeline() if cfg.timeline else None
 
 if comm.is_root:

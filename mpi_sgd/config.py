@@ -62,14 +62,6 @@ class TrainConfig:
         str,
     )
     keep_checkpoints: int = _flag(3, "how many of the newest checkpoints to keep in --checkpoint (0: all)")
-    checkpoint_every: int = _flag(
-        0, "also checkpoint every this many steps (0: after each epoch only), so an epoch is not the unit of loss"
-    )
-    save_timeout: float = _flag(
-        600.0,
-        "seconds one checkpoint save may take; the watchdog waits for it that long, and a save still writing "
-        "then is reported as hung, naming the path, and ends the job (0: no limit)",
-    )
     resume: str | None = _flag(
         None,
         "resume from this checkpoint (a --checkpoint directory or one step-N in it); 'auto': the newest "
@@ -97,6 +89,11 @@ class TrainConfig:
     )
     stall_abort: float | None = _flag(
         None, "abort once a rank has waited this long (None: at the stall timeout; 0: report only)", float
+    )
+    save_timeout: float = _flag(
+        600.0,
+        "seconds one checkpoint save may take; the watchdog waits for it that long, and a save still writing "
+        "then is reported as hung, naming the path, and ends the job (0: no limit)",
     )
     lr_scaling: str = _flag(
         "none", "scale --lr with the global batch R*B against --base-batch: none, linear (Goyal et al.) or sqrt"
@@ -176,17 +173,13 @@ class TrainConfig:
                 "--resume auto, or choose another directory",
             )
         check(self.keep_checkpoints >= 0, f"--keep-checkpoints must be 0 or more, got {self.keep_checkpoints}")
-        check(self.checkpoint_every >= 0, f"--checkpoint-every must be 0 or more steps, got {self.checkpoint_every}")
-        check(
-            0 <= self.save_timeout < float("inf"), f"--save-timeout must be 0 or more seconds, got {self.save_timeout}"
-        )
         check(self.check_every >= 0, f"--check-every must be 0 or more, got {self.check_every}")
         check(
             self.on_nonfinite in NONFINITE,
             f"unknown --on-nonfinite {self.on_nonfinite!r}; choose one of {', '.join(NONFINITE)}",
         )
         check(self.max_steps >= 0, f"--max-steps must be 0 or more, got {self.max_steps}")
-        for name in ("stall_timeout", "stall_abort"):
+        for name in ("stall_timeout", "stall_abort", "save_timeout"):
             value = getattr(self, name)
             flag = "--" + name.replace("_", "-")
             check(value is None or 0 <= value < float("inf"), f"{flag} must be 0 or more seconds, got {value}")

@@ -40,12 +40,11 @@ from .gradsync import GradSync
 from .launch import processes_line
 from .models import build_model
 from .nonfinite import diagnose
-from .preemption import Preempted, Preemption
 from .replicas import replicate
 from .step import Step, TrainingDiverged, evaluate, make_optimizer, train_step
 from .timing import WARMUP_STEPS, chrome_trace, slowest_after_warmup
 
-__all__ = ["MAX_SKIPS_IN_A_ROW", "Preempted", "Step", "Trainer", "TrainingDiverged", "make_optimizer", "train_step"]
+__all__ = ["MAX_SKIPS_IN_A_ROW", "Step", "Trainer", "TrainingDiverged", "make_optimizer", "train_step"]
 
 MAX_SKIPS_IN_A_ROW = 10  # --on-nonfinite skip: this many non-finite steps in a row stop training
 
@@ -84,7 +83,6 @@ class Trainer:
         self.amp = MixedPrecision(cfg.amp, next(model.parameters()).device.type)
         # rates, noise scale, target; a schedule spans --epochs (--max-steps only cuts a run short)
         self.conv = Convergence(cfg, comm, sync, self.steps_per_epoch, cfg.epochs * self.steps_per_epoch)
-        self.preempt = Preemption(comm, False)  # train() listens for the signals while it runs
         if self.events is not None:
             comm.barrier()  # so every rank's timeline starts from (nearly) the same instant
         self._t0 = time.perf_counter()
@@ -165,8 +163,6 @@ class Trainer:
                 bar.set_postfix(loss=f"{stats[0].item() / stats[2].item():.4f}")
             if self.conv.eval_due(self.step):  # every rank alike: the scores come out of one all-reduce
                 self._score_target()
-            if cfg.checkpoint:
-                self._between_steps(cfg.checkpoint)
             if self._done():
                 break
         bar.close()
@@ -244,19 +240,6 @@ class Trainer:
         if getattr(self.sync, "stage", 0) != 3:
             agree.check_replicas(self.comm, self.model, self.step)
 
-    def _between_steps(self, directory: str) -> None:
-        """A signal (:mod:`mpi_sgd.preemption`): checkpoint this step and stop; ``--checkpoint-every``."""
-        signum = self.preempt.due()
-        every = self.cfg.checkpoint_every
-        if not signum and not (every and self.step % every == 0 and self.step_in_epoch < self.steps_per_epoch):
-            return  # (a step that ends an epoch is saved after the epoch's evaluation)
-        self.comm.where("checkpoint", self.step)
-        if signum and self.step_in_epoch == self.steps_per_epoch:  # a resume starts the next epoch
-            self.epoch, self.step_in_epoch = self.epoch + 1, 0
-        self._save_checkpoint(directory)
-        if signum:
-            raise Preempted(signum, self.step, directory)
-
     def _done(self) -> bool:
         return 0 < self.cfg.max_steps <= self.step or self.conv.reached
 
@@ -264,18 +247,13 @@ class Trainer:
         cfg = self.cfg
         for line in self.conv.describe() if self.comm.is_root else ():
             print(line, flush=True)
-        # SIGTERM/SIGUSR1: checkpoint the step in progress and stop (only where one can be saved)
-        self.preempt = Preemption(self.comm, bool(cfg.checkpoint), self.dataset.x.device)
-        try:
-            while self.epoch < cfg.epochs and not self._done():
-                self._run_epoch(self.epoch)
-                if self.step_in_epoch == self.steps_per_epoch:
-                    self.epoch, self.step_in_epoch = self.epoch + 1, 0
-                if cfg.checkpoint:
-                    self.comm.where("checkpoint")
-                    self._save_checkpoint(cfg.checkpoint)
-        finally:
-            self.preempt.close()
+        while self.epoch < cfg.epochs and not self._done():
+            self._run_epoch(self.epoch)
+            if self.step_in_epoch == self.steps_per_epoch:
+                self.epoch, self.step_in_epoch = self.epoch + 1, 0
+            if cfg.checkpoint:
+                self.comm.where("checkpoint")
+                self._save_checkpoint(cfg.checkpoint)
         self._check_replicas()  # silent divergence cannot pass
         if getattr(self.sync, "stage", 0) == 3:  # ZeRO-3: a whole model again for whoever uses it next
             self.sync.keep_gathered()

@@ -83,8 +83,6 @@ PROBES = {
                 compress=("fp16", "fp16"),
                 max_steps=("5", 5),
                 keep_checkpoints=("1", 1),
-                checkpoint_every=("5", 5),
-                save_timeout=("30", 30.0),
                 on_nonfinite=("skip", "skip"),
                 check_every=("7", 7),
                 progress=(None, True),
@@ -117,6 +115,7 @@ PROBES = {
             ),
             "--stall-timeout": probe("--stall-timeout 7", at("init", "stall_timeout", 7.0)),
             "--stall-abort": probe("--stall-abort 9", at("init", "stall_abort", 9.0)),
+            "--save-timeout": probe("--save-timeout 30", at(TRAIN, "cfg.save_timeout", 30.0)),
         },
     ),
 }

@@ -52,11 +52,6 @@ def test_slurm_script_is_valid_bash_with_the_guard():
     assert text.startswith("#!/bin/bash\n# ") and "#SBATCH --nodes=2" in text
     assert "srun --mpi=" in text and "mpiexec -n" in text and "MPI sees a world of" in text
     assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0
-    # preemption: Slurm warns the script, which passes the signal on and requeues on the trainer's 75
-    from mpi_sgd.preemption import EXIT_PREEMPTED
-
-    assert "#SBATCH --signal=B:USR1@" in text and "#SBATCH --requeue" in text and "--resume auto" in text
-    assert f'"$status" -eq {EXIT_PREEMPTED}' in text and 'scontrol requeue "$SLURM_JOB_ID"' in text
 
 
 def test_unique_names_keep_order():

@@ -36,7 +36,6 @@ FLOORS = (
         "noisescale",
         "lrschedule",
         "target",
-        "preemption",
     ),
     ("gradsync", "pipeline", "paramserver", "zero"),  # parallelism strategies
     (
