@@ -78,6 +78,10 @@ except (ConfigMismatch, CheckpointError) as e:
 
 try:
     metrics = trainer.train()
+except CheckpointError as e:  # a save that failed (a full disk): one line, on every rank alike
+    if comm.is_root:
+        print(f"error: {e}", file=sys.stderr, flush=True)
+    sys.exit(2)
 except (TrainingDiverged, ReplicasDiverged) as e:  # every rank stops at the same step, same verdict
     if comm.is_root:
         print(e, file=sys.stderr, flush=True)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from .amp import MODES as AMP_MODES
 from .args import flag as _flag
 from .checkpoint import check_writable, checkpoints
+from .checkpoint.store import save_fault
 from .comm import BACKENDS, TORCH_BACKENDS
 from .comm.wrappers.compress import DTYPES as COMPRESS_DTYPES
 from .data import BUILTIN
@@ -90,6 +91,11 @@ class TrainConfig:
     stall_abort: float | None = _flag(
         None, "abort once a rank has waited this long (None: at the stall timeout; 0: report only)", float
     )
+    save_timeout: float = _flag(
+        600.0,
+        "seconds one checkpoint save may take; the watchdog waits for it that long, and a save still writing "
+        "then is reported as hung, naming the path, and ends the job (0: no limit)",
+    )
     lr_scaling: str = _flag(
         "none", "scale --lr with the global batch R*B against --base-batch: none, linear (Goyal et al.) or sqrt"
     )
@@ -161,6 +167,7 @@ class TrainConfig:
         )
         if self.checkpoint:
             check_writable(self.checkpoint)
+            save_fault()  # the test hook's variable, refused here in one line when malformed
             check(
                 self.resume is not None or not checkpoints(self.checkpoint),
                 f"--checkpoint {self.checkpoint!r} already holds checkpoints of another run; continue it with "
@@ -175,7 +182,7 @@ class TrainConfig:
             f"unknown --on-nonfinite {self.on_nonfinite!r}; choose one of {', '.join(NONFINITE)}",
         )
         check(self.max_steps >= 0, f"--max-steps must be 0 or more, got {self.max_steps}")
-        for name in ("stall_timeout", "stall_abort"):
+        for name in ("stall_timeout", "stall_abort", "save_timeout"):
             value = getattr(self, name)
             flag = "--" + name.replace("_", "-")
             check(value is None or 0 <= value < float("inf"), f"{flag} must be 0 or more seconds, got {value}")

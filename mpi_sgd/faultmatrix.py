@@ -19,9 +19,13 @@ the check found. Add a case by appending a :class:`Case` to :data:`CASES`.
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
+import sys
+import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .args import add_command, flag, positive_float
@@ -43,6 +47,9 @@ class Case:
     launcher: tuple[str, ...] = ()  # added to mpiexec's
     stall: bool = False  # bound: the stall timeout + SLACK
     env: dict = field(default_factory=dict)
+    # "{ck}" in args: a fresh checkpoint directory; setup(ck) prepares it before the launch and
+    # returns what undoes it (or None)
+    setup: Callable[[str], Callable[[], None] | None] | None = None
 
     @property
     def blame(self) -> int | None:
@@ -89,18 +96,25 @@ class Outcome:
 
 
 def run_case(case: Case, script: str, stall_timeout: float, cwd: str | None = None) -> Outcome:
-    cmd, env = mpiexec_command(2, script, *TRAIN, "--stall-timeout", f"{stall_timeout:g}", *case.args)
-    cmd = [cmd[0], *case.launcher, *cmd[1:]]
-    env = {**env, **case.env, "MPIEXEC_TIMEOUT": str(int(LAUNCH_BOUND + stall_timeout + 2 * SLACK))}
-    env.pop("MPI_SGD_FAULT", None)
-    if case.fault:
-        env["MPI_SGD_FAULT"] = case.fault
-    start = time.time()
-    try:
-        done = subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, text=True, timeout=240)
-        status, output = done.returncode, done.stdout + done.stderr
-    except subprocess.TimeoutExpired as e:
-        status, output = -9, f"hung: killed after {e.timeout} s\n" + str(e.stdout or "") + str(e.stderr or "")
+    with tempfile.TemporaryDirectory() as tmp:
+        ck = os.path.join(tmp, "ck")
+        args = [a.replace("{ck}", ck) for a in case.args]
+        cmd, env = mpiexec_command(2, script, *TRAIN, "--stall-timeout", f"{stall_timeout:g}", *args)
+        cmd = [cmd[0], *case.launcher, *cmd[1:]]
+        env = {**env, **case.env, "MPIEXEC_TIMEOUT": str(int(LAUNCH_BOUND + stall_timeout + 2 * SLACK))}
+        env.pop("MPI_SGD_FAULT", None)
+        if case.fault:
+            env["MPI_SGD_FAULT"] = case.fault
+        undo = case.setup(ck) if case.setup else None
+        start = time.time()
+        try:
+            done = subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, text=True, timeout=240)
+            status, output = done.returncode, done.stdout + done.stderr
+        except subprocess.TimeoutExpired as e:
+            status, output = -9, f"hung: killed after {e.timeout} s\n" + str(e.stdout or "") + str(e.stderr or "")
+        finally:
+            if undo:
+                undo()
     return judge(case, status, output, start, time.time(), stall_timeout)
 
 
@@ -144,6 +158,74 @@ def table(outcomes: list[Outcome]) -> str:
         for o in outcomes
     ]
     return markdown_table(["case", "expected exit", "exit", "bound", "took", "result", "message"], rows)
+
+
+# Checkpoints against their storage and a second job (mpi_sgd.checkpoint); "{ck}" is each case's own
+# directory. The signal cases are drills (DRILLS), since a signal needs a job already training.
+
+
+def _held_by_another_job(ck: str):
+    """A second process holds ``ck``'s lock (mpi_sgd.checkpoint.lock), as a job running there would."""
+    code = "import sys, time\nfrom mpi_sgd.checkpoint.lock import acquire\nacquire(sys.argv[1])\nprint(1, flush=True)\n"
+    holder = subprocess.Popen([sys.executable, "-c", code + "time.sleep(600)", ck], stdout=subprocess.PIPE)
+    holder.stdout.readline()  # the lock is held from here on
+
+    def release():
+        holder.kill()
+        holder.wait()
+        holder.stdout.close()
+
+    return release
+
+
+def _only_unreadable(ck: str):
+    """``ck`` holds one checkpoint, its state overwritten after it was saved (a disk or NFS fault)."""
+    from .checkpoint import store
+
+    path = store.save(b"state", {"step": 5}, ck, 5)
+    with open(os.path.join(path, store.STATE), "wb") as f:
+        f.write(b"garbage")
+
+
+CK = ("--checkpoint", "{ck}")
+CHECKPOINT_CASES = (
+    Case(
+        "second job in one --checkpoint",
+        r".*is in use by another job \(host \S+, pid \d+, started .*",
+        status="2",
+        args=CK,
+        setup=_held_by_another_job,
+    ),
+    Case(
+        "only unreadable checkpoints",
+        r".*none of the 1 checkpoint.* can be read.*",
+        status="2",
+        args=(*CK, "--resume", "auto"),
+        setup=_only_unreadable,
+    ),
+    # rank 0 writes for longer than the others' --stall-timeout: a save, not a stall
+    Case("slow save (6 s)", r"\d+ steps; per step", status="0", args=CK, env={"MPI_SGD_SAVE_FAULT": "slow:6"}),
+    Case(
+        "hung save",
+        r"checkpoint save hung: saving step \d+ to .*",
+        args=(*CK, "--save-timeout", "2"),
+        env={"MPI_SGD_SAVE_FAULT": "slow:600"},
+    ),
+    Case(
+        "disk full during a save",
+        r".*no space left on the device; the checkpoint needs \d+ bytes.*",
+        status="2",
+        args=CK,
+        env={"MPI_SGD_SAVE_FAULT": "full"},
+    ),
+    Case(
+        "unwritable --checkpoint",
+        r".*--checkpoint '/proc/\S+' cannot be written.*",
+        status="2",
+        args=("--checkpoint", "/proc/mpi-sgd-ck"),
+    ),
+)
+CASES = CASES + CHECKPOINT_CASES
 
 
 def run(script: str, stall_timeout: float, cases=CASES, cwd: str | None = None, echo: bool = True) -> list[Outcome]:

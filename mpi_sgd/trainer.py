@@ -265,6 +265,8 @@ class Trainer:
         if self.signalled:
             raise Preempted(self.signalled, self.step, cfg.checkpoint)
         self._check_replicas()  # silent divergence cannot pass
+        if getattr(self.sync, "stage", 0) == 3:  # ZeRO-3: a whole model again for whoever uses it next
+            self.sync.keep_gathered()
         if self.conv.target is not None and self.comm.is_root:
             print(self.conv.target.line(self.time_to_target()), flush=True)
         return self.metrics()

@@ -118,6 +118,7 @@ PROBES = {
             ),
             "--stall-timeout": probe("--stall-timeout 7", at("init", "stall_timeout", 7.0)),
             "--stall-abort": probe("--stall-abort 9", at("init", "stall_abort", 9.0)),
+            "--save-timeout": probe("--save-timeout 30", at(TRAIN, "cfg.save_timeout", 30.0)),
         },
     ),
 }

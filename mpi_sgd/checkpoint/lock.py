@@ -15,6 +15,7 @@ there would not be kept apart.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import os
@@ -33,8 +34,11 @@ def acquire(directory: str) -> str | None:
     key = os.path.realpath(directory)
     if key in _held:
         return None
-    os.makedirs(directory, exist_ok=True)
-    f = open(os.path.join(directory, LOCK), "a+")  # noqa: SIM115 (open for the process's life: that is the lock)
+    try:  # a directory that cannot be written is refused now, not when the first save fails
+        probe(directory)
+        f = open(os.path.join(directory, LOCK), "a+")  # noqa: SIM115 (open for the process's life: that is the lock)
+    except OSError as e:
+        return f"--checkpoint {directory!r} cannot be written: {e.strerror or e}"
     try:
         fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as e:
@@ -60,6 +64,21 @@ def acquire(directory: str) -> str | None:
     f.flush()
     _held[key] = f
     return None
+
+
+def probe(directory: str) -> None:
+    """Make ``directory`` if needed, then write, fsync and remove a small file in it: OSError if any
+    of that fails (a read-only mount, /proc, a full disk, no permission)."""
+    os.makedirs(directory, exist_ok=True)
+    path = os.path.join(directory, f".probe-{os.getpid()}")
+    try:
+        with open(path, "wb") as f:
+            f.write(b"probe\n")
+            f.flush()
+            os.fsync(f.fileno())
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
 
 
 def hold(directory: str, comm, root: int = 0) -> None:

@@ -19,16 +19,19 @@ checkpoint is untouched: older ones are removed (``keep``) only after ``latest``
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
 import re
 import secrets
 import shutil
+import time
 
 FORMAT = 1
 STATE, META, LATEST = "state.pt", "meta.json", "latest"
 TEMP_PREFIX = ".tmp-"
+SAVE_FAULT = "MPI_SGD_SAVE_FAULT"  # the test hook of :func:`save_fault`
 _STEP = re.compile(r"^step-(\d+)$")
 
 
@@ -85,15 +88,44 @@ def save(blob: bytes, meta: dict, directory: str, step: int, keep: int = 0) -> s
     Returns the new checkpoint's path. ``meta`` gains the format, the size and the sha256 of
     ``blob``, which :func:`read_verified` checks before anything is unpickled. With ``keep > 0``,
     only the ``keep`` newest checkpoints remain afterwards.
+
+    A write that fails (a full disk, a quota, an I/O error) raises :class:`CheckpointError` with one
+    line naming the path and, for a full disk, the bytes the save needed; what it had written is
+    removed, so the failure leaves the disk as full as before it and the previous checkpoint loads.
     """
     os.makedirs(directory, exist_ok=True)
     remove_stale(directory)
     meta = {"format": FORMAT, "sha256": hashlib.sha256(blob).hexdigest(), "bytes": len(blob), **meta}
     tmp = _temp_name(directory)
-    os.mkdir(tmp)
-    _write(os.path.join(tmp, STATE), blob)
-    _write(os.path.join(tmp, META), json.dumps(meta, indent=1).encode())
-    _fsync_dir(tmp)
+    meta_blob = json.dumps(meta, indent=1).encode()
+    try:
+        _injected_fault(tmp, len(blob))
+        os.mkdir(tmp)
+        _write(os.path.join(tmp, STATE), blob)
+        _write(os.path.join(tmp, META), meta_blob)
+        _fsync_dir(tmp)
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise CheckpointError(_write_failure(e, directory, step, len(blob) + len(meta_blob))) from None
+    return _publish(tmp, directory, step, keep)
+
+
+def _write_failure(e: OSError, directory: str, step: int, needed: int) -> str:
+    where = f"saving step {step} to {directory!r}"
+    kept = latest(directory)
+    after = "; the partial files were removed" + (f", and {kept!r} still loads" if kept else "")
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        try:
+            free = shutil.disk_usage(directory).free
+        except OSError:
+            free = None
+        room = f" ({free} bytes free)" if free is not None else ""
+        return f"{where} failed: no space left on the device; the checkpoint needs {needed} bytes{room}{after}"
+    return f"{where} failed: {e.strerror or e}{after}"
+
+
+def _publish(tmp: str, directory: str, step: int, keep: int) -> str:
+    """Rename the complete ``tmp`` to ``step-N``, point ``latest`` at it, drop the oldest beyond ``keep``."""
     name = step_name(step)
     final = os.path.join(directory, name)
     aside = None
@@ -113,6 +145,39 @@ def save(blob: bytes, meta: dict, directory: str, step: int, keep: int = 0) -> s
             if os.path.basename(old) != name:
                 shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def save_fault() -> tuple[str, float] | None:
+    """``MPI_SGD_SAVE_FAULT``, the test hook that makes saves fail as storage does: ``slow:SECONDS``
+    (each save first sleeps that long: a slow or hung file system) or ``full`` (each save fails as
+    on a full disk, after writing half its state). None when unset; ValueError, one line, when bad."""
+    text = os.environ.get(SAVE_FAULT, "").strip()
+    if not text:
+        return None
+    kind, _, arg = text.partition(":")
+    if kind == "full" and not arg:
+        return "full", 0.0
+    if kind == "slow":
+        try:
+            seconds = float(arg)
+        except ValueError:
+            seconds = -1.0
+        if seconds >= 0:
+            return "slow", seconds
+    raise ValueError(f"{SAVE_FAULT}={text!r}: expected slow:SECONDS (e.g. slow:30) or full")
+
+
+def _injected_fault(tmp: str, size: int) -> None:
+    fault = save_fault()
+    if fault is None:
+        return
+    kind, seconds = fault
+    if kind == "slow":
+        time.sleep(seconds)
+        return
+    os.mkdir(tmp)
+    _write(os.path.join(tmp, STATE), b"\0" * (size // 2))  # what a disk filling up mid-write leaves
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), STATE)
 
 
 def checkpoints(directory: str) -> list[str]:

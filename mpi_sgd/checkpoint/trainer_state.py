@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from . import deadline
 from .payload import load, serialize
 from .store import CheckpointError, save
 
@@ -44,8 +45,15 @@ def save_training(directory: str, comm, model, optimizer, amp, cfg, progress: Pr
     comm.gather(mine, rng)
     full_state = getattr(optimizer, "full_state_dict", None)  # mpi_sgd.zero: a collective
     model_state, optimizer_state = full_state() if full_state else (model.state_dict(), optimizer.state_dict())
-    if not comm.is_root:
-        return
+    write = None
+    if comm.is_root:
+        write = _writer(directory, comm, model_state, optimizer_state, rng, amp, cfg, progress, schedule)
+    what = f"saving step {progress.step} to {directory!r}"
+    deadline.run(comm, write or (lambda: None), what, getattr(cfg, "save_timeout", 0.0))
+
+
+def _writer(directory: str, comm, model_state, optimizer_state, rng, amp, cfg, progress: Progress, schedule):
+    """The root's save, to run off the main thread (:mod:`.deadline`); None to save nothing."""
     # The parameters are the same on every rank; a non-finite state must never replace the last
     # good checkpoint (training stops before one, unless the optimizer itself overflowed).
     if not all(torch.isfinite(t).all() for t in model_state.values() if t.is_floating_point()):
@@ -55,7 +63,7 @@ def save_training(directory: str, comm, model, optimizer, amp, cfg, progress: Pr
             file=sys.stderr,
             flush=True,
         )
-        return
+        return None
     state = {
         "model": model_state,
         "optimizer": optimizer_state,
@@ -68,7 +76,7 @@ def save_training(directory: str, comm, model, optimizer, amp, cfg, progress: Pr
         "schedule": schedule.state_dict() if schedule is not None else None,
     }
     meta = {"step": progress.step, "epoch": progress.epoch, "world_size": comm.size, "config": asdict(cfg)}
-    save(serialize(state), meta, directory, progress.step, cfg.keep_checkpoints)
+    return lambda: save(serialize(state), meta, directory, progress.step, cfg.keep_checkpoints)
 
 
 # Flags a resumed run may change (a notice says so) and otherwise takes from the checkpoint; the

@@ -76,6 +76,7 @@ class ZeroEngine(GradSync):
         self.order = BucketOrder([len(u.params) for u in self._order], self._start)
         self._fresh: set[int] = set()  # units whose next reduce-scatter overwrites grad_shard
         self._idle = False  # stages 2-3: the last micro-batch's block ended with its collectives done
+        self.kept = False  # stage 3 after training: the parameters stay gathered (keep_gathered)
         for i, u in enumerate(self._order):
             for p in u.params:
                 p.register_post_accumulate_grad_hook(self._on_grad(u, i))
@@ -89,7 +90,18 @@ class ZeroEngine(GradSync):
         self.zero_grad()
 
     # -- what the trainer calls -------------------------------------------------------------
+    def keep_gathered(self) -> None:
+        """Stage 3, once training is over: gather every parameter and keep it, so that the model is
+        an ordinary module again (``state_dict()``, ``parameters()``, forward) at the memory of a
+        full replica; freed parameters have storage of size 0, and reading them would read freed
+        memory. A collective. The next training step frees them again as it goes."""
+        if self.stage == 3:
+            for u in self.units:
+                self._gather(u)
+            self.kept = True
+
     def zero_grad(self) -> None:
+        self.kept = False
         if self.stage == 1:
             for u in self.units:
                 u.grad.zero_()
@@ -250,7 +262,8 @@ class ZeroEngine(GradSync):
         if u.gather is not None:  # prefetched but never used: finish it before releasing its memory
             u.gather[0].wait()
             u.gather = None
-        u.free_params()
+        if not self.kept:
+            u.free_params()
 
     def _poll(self) -> None:
         """Drive MPI's progress on the collectives in flight (see the module docstring)."""

@@ -226,7 +226,9 @@ def test_memory_and_communication_match_the_formulas(comm, stage):
     assert peak.grads <= at_step.grads + (largest_two if stage >= 2 else 0)
     assert peak.params <= at_step.params + (largest_two if stage == 3 else 0)
     if stage == 3:
-        assert all(u.full.untyped_storage().nbytes() == 0 for u in engine.units), "stage 3 left parameters gathered"
+        # within training each unit is freed after use (the samples above); once train() returns, the
+        # trainer gathers them all for whoever uses the model next (test_zero_after_training.py)
+        assert all(u.gathered for u in engine.units), "stage 3 left the trained model sharded"
     # Communication, per step: reduce-scatter of every unit, all-gather once (stages 1-2) or twice
     # (stage 3: before forward and before backward); 2 Psi or 3 Psi plus padding.
     gathers = 2 if stage == 3 else 1

@@ -139,7 +139,7 @@ class Monitor:
                 blocked = self.wd.blocked
                 if blocked is None:
                     continue
-                waited = time.monotonic() - blocked[2]
+                waited = time.monotonic() - blocked[2] - self.wd.patience  # a save's own deadline first
                 if waited >= self.wd.timeout and reported != blocked:
                     reported = blocked
                     self._report_stall()

@@ -94,6 +94,7 @@ class Watchdog(CommWrapper):
         self.host, self.pid = socket.gethostname(), os.getpid()
         self.step, self.index, self.phase, self.phase_t = None, 0, "start-up", time.monotonic()
         self.seq, self.crc, self.blocked = 0, 0, None
+        self.patience = 0.0  # seconds a wait may take while the ranks agree one is long (a save): see patient()
         self.calls: deque = deque(maxlen=4 * 1024)  # (seq, name, step, index, call): what a mismatch report shows
         self.checks: deque = deque(maxlen=256)  # (seq, crc after it)
         self.monitor = Monitor.start(self) if self.size > 1 else None
@@ -109,6 +110,12 @@ class Watchdog(CommWrapper):
             self.step, self.index = step, 0
         self.phase, self.phase_t = phase, time.monotonic()
         self.inner.where(phase, step)
+
+    def patient(self, seconds: float):
+        """While in this context, a call may wait ``seconds`` (if longer than the timeout) before it
+        is reported or aborted: every rank enters it at the same point of a collective section whose
+        duration has its own deadline, a checkpoint save (:mod:`mpi_sgd.checkpoint.deadline`)."""
+        return _Patience(self, seconds)
 
     # Per call only raw facts are kept, (seq, name, step, index in step, call text); labels are
     # formatted when someone asks (status, history), which is rare.
@@ -242,6 +249,17 @@ class Watchdog(CommWrapper):
         if self.monitor is not None:
             self.monitor.close()
             self.monitor = None
+
+
+class _Patience:
+    def __init__(self, wd: Watchdog, seconds: float):
+        self.wd, self.seconds, self.before = wd, seconds, wd.patience
+
+    def __enter__(self):
+        self.wd.patience = max(self.before, self.seconds)
+
+    def __exit__(self, *exc):
+        self.wd.patience = self.before
 
 
 def _to_stderr(text: str) -> None:

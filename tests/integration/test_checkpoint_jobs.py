@@ -1,0 +1,36 @@
+"""Two real jobs in one ``--checkpoint`` directory: the second is refused in one line naming the
+first, while the first trains on; afterwards ``latest`` names the newest checkpoint that verifies
+(the one ``--resume auto`` takes), written by the first job alone. The first job's saves are slowed
+(``MPI_SGD_SAVE_FAULT=slow:8``) so that it is still training when the second one starts."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+
+from mpi_sgd.checkpoint import read_state, store
+from mpi_sgd.launch import mpiexec_command
+
+from .conftest import EXAMPLES, ROOT, run_mpi
+
+TRAIN = ("--epochs", "1000", "--max-steps", "250", "--no-progress", "--val-fraction", "0", "--batch-size", "8")
+
+
+def test_a_second_job_is_refused_and_the_first_keeps_its_checkpoints(tmp_path):
+    ck = str(tmp_path / "ck")
+    cmd, env = mpiexec_command(2, str(EXAMPLES / "sync_sgd.py"), *TRAIN, "--checkpoint", ck)
+    env = {**env, "MPI_SGD_SAVE_FAULT": "slow:8"}
+    first = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 120
+    while not store.checkpoints(ck) and first.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    second = run_mpi(2, str(EXAMPLES / "sync_sgd.py"), *TRAIN, "--checkpoint", ck, "--resume", "auto", check=False)
+    out, _ = first.communicate(timeout=240)
+    assert first.returncode == 0, out
+    assert second.returncode == 2, second.stdout + second.stderr
+    refusals = [x for x in (second.stdout + second.stderr).splitlines() if "is in use by another job (host " in x]
+    assert refusals and ", pid " in refusals[0] and ", started " in refusals[0], second.stderr
+    found = store.newest_valid(ck, print)
+    assert found is not None and store.latest(ck) == found[0] == os.path.join(ck, store.step_name(250))
+    assert read_state(ck)["step"] == 250  # the first job's last step: nothing of the second one's
