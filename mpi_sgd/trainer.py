@@ -22,15 +22,14 @@ is :mod:`mpi_sgd.checkpoint.trainer_state`, and what a non-finite step is blamed
 
 from __future__ import annotations
 
-import statistics
 import sys
 import time
-from dataclasses import asdict
 
 import torch
 from tqdm import tqdm
 
 from . import agree, data, gradsync, resumption, zero
+from . import metrics as run_metrics  # (the module; Trainer.metrics is the method)
 from .amp import MixedPrecision
 from .checkpoint import hold
 from .comm import split_counts
@@ -43,7 +42,7 @@ from .nonfinite import diagnose
 from .preemption import Preempted, Preemption
 from .replicas import replicate
 from .step import Step, TrainingDiverged, evaluate, make_optimizer, train_step
-from .timing import WARMUP_STEPS, chrome_trace, slowest_after_warmup
+from .timing import chrome_trace
 
 __all__ = ["MAX_SKIPS_IN_A_ROW", "Step", "Trainer", "TrainingDiverged", "make_optimizer", "train_step"]
 
@@ -287,46 +286,8 @@ class Trainer:
 
     # -- measurements -----------------------------------------------------------------------
     def metrics(self) -> dict:
-        """What ``--metrics-json`` writes (on the root; other ranks get ``{}``). Times in seconds.
-
-        * ``world_size``, ``backend``, ``effective_batch`` (R*B), ``steps_per_epoch``, ``steps``
-          (optimizer steps done, counting those before a resume), ``config`` (every flag);
-        * ``epochs``: ``[{"epoch", "loss", "accuracy" (null for regression), "val_loss",
-          "val_accuracy" (null without a held-out set), "seconds"}]``, loss and accuracy averaged
-          over all R*B samples of every step of the epoch, the val ones over the held-out set after it;
-        * ``t_comp``, ``t_sync``: one list per rank (index = rank), one entry per step run by this
-          launch: ``t_sync`` the time blocked in gradient communication, ``t_comp`` the rest of the
-          step (forward, backward, optimizer), so ``t_comp + t_sync`` is the step time;
-        * ``summary``: ``{"t_comp", "t_sync"}``, per step the slowest rank, averaged over the steps
-          after the first ``warmup_steps``;
-        * ``time_to_target``: the steps, samples, epochs and seconds to ``--target-val-*`` (or how far
-          the run got), null without a target; each epoch also has ``b_noise`` (``--noise-scale``)
-          and ``lr`` (the rate of its last step) where the run measures or schedules them.
-        """
-        per_rank = self.comm.gather_obj((self.t_comp, self.t_sync))
-        if not self.comm.is_root:
-            return {}
-        t_comp = [r[0] for r in per_rank]
-        t_sync = [r[1] for r in per_rank]
-        summary = {}
-        for name, series in (("t_comp", t_comp), ("t_sync", t_sync)):
-            slowest = slowest_after_warmup(series, WARMUP_STEPS)
-            summary[name] = statistics.fmean(slowest) if slowest else 0.0
-        return {
-            "skipped_steps": self.skipped,
-            "time_to_target": self.time_to_target(),
-            "world_size": self.comm.size,
-            "backend": self.comm.backend,
-            "effective_batch": self.comm.size * self.cfg.batch_size,
-            "steps_per_epoch": self.steps_per_epoch,
-            "steps": self.step,
-            "config": asdict(self.cfg),
-            "epochs": self.history,
-            "summary": summary,
-            "warmup_steps": WARMUP_STEPS,
-            "t_comp": t_comp,
-            "t_sync": t_sync,
-        }
+        """What ``--metrics-json`` writes, on the root (``{}`` elsewhere): see :func:`mpi_sgd.metrics.collect`."""
+        return run_metrics.collect(self)
 
     def timeline(self) -> dict | None:
         """Every rank's events as a Chrome trace (chrome://tracing, ui.perfetto.dev); root only.

@@ -46,6 +46,7 @@ FLOORS = (
         "agree",
         "convergence",
         "resumption",
+        "metrics",
     ),  # one step, the training loop, and what its ranks must agree on
     ("calibrate",),  # measuring the machine with the trainer's own step
     ("bench", "faultmatrix", "figures"),  # benchmarks, the fault matrix, the docs' figures: jobs started and measured
