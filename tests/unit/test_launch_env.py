@@ -10,6 +10,11 @@ def test_rank_variables_go_and_start_switches_stay(monkeypatch):
     job = {"PMI_RANK": "1", "PMI_SIZE": "2", "OMPI_COMM_WORLD_RANK": "1", "PMIX_RANK": "1", "HYDRA_CONTROL": "x"}
     kept = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", "HYDRA_LAUNCHER_EXEC": "ssh"}
     kept |= {"PRTE_MCA_rmaps_default_mapping_policy": ":oversubscribe", "OMP_NUM_THREADS": "1"}
+    # Open MPI's launcher sets these per rank; the user's MCA parameters (transports) must stay.
+    job |= {"OMPI_MCA_ess_base_jobid": "7", "OMPI_MCA_orte_hnp_uri": "x", "OMPI_MCA_pmix": "x"}
+    job |= {"OMPI_UNIVERSE_SIZE": "2"}
+    job |= {"OMPI_FIRST_RANKS": "0", "OMPI_COMM_WORLD_LOCAL_RANK": "1", "PMIX_NAMESPACE": "p", "PMI_FD": "3"}
+    kept |= {"OMPI_MCA_btl": "self,vader", "OMPI_MCA_rmaps_base_oversubscribe": "1", "PRTE_MCA_plm": "ssh"}
     for k, v in {**job, **kept}.items():
         monkeypatch.setenv(k, v)
     env = launch.standalone_env()
