@@ -153,6 +153,13 @@ def compare(reports: list[HostReport], launcher: HostReport) -> None:
             continue
         if f.get("mpi") is None:
             r.problem("software", f"mpi4py does not load on {r.name}: {f.get('mpi_error')}")
+        if _vendor(f.get("mpi")) != _vendor(ref.get("mpi")) and None not in (f.get("mpi"), ref.get("mpi")):
+            # Different MPIs speak different wire protocols and launchers: no job spans them.
+            r.problem(
+                "software",
+                f"a mix of MPIs: {r.name} runs {_vendor(f.get('mpi'))}, the launcher {_vendor(ref.get('mpi'))}; "
+                "one job needs the same MPI on every host (make venv MPI=... alike everywhere)",
+            )
         for key, label in (
             ("python", "python"),
             ("mpi4py", "mpi4py"),
@@ -191,6 +198,16 @@ def compare(reports: list[HostReport], launcher: HostReport) -> None:
                 f"{r.name}: /dev/shm is {f.get('shm_bytes', 0) >> 20} MiB; MPI's shared memory needs "
                 f"at least {SHM_MIN >> 20} MiB (Docker: --shm-size=1g, compose: shm_size)",
             )
+
+
+def _vendor(library: str | None) -> str | None:
+    """'MPICH', 'Open MPI', 'Intel MPI' or the library's own first words, from probe.mpi_library()."""
+    if library is None:
+        return None
+    for vendor in ("MPICH", "Open MPI", "Intel"):
+        if library.startswith(vendor):
+            return "Intel MPI" if vendor == "Intel" else vendor
+    return library.split(" v")[0]
 
 
 def _routes(r: HostReport) -> str:

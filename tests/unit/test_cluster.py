@@ -101,7 +101,9 @@ def test_doctor_accepts_matching_hosts():
 @pytest.mark.parametrize(
     "change, message",
     [
-        ({"mpi": "Open MPI v5.0.11"}, "b has MPI library Open MPI v5.0.11, the launcher MPICH"),
+        ({"mpi": "Open MPI v5.0.11"}, "a mix of MPIs: b runs Open MPI, the launcher MPICH"),
+        ({"mpi": "Intel(R) MPI Library 2021.19 for Linux* OS"}, "b runs Intel MPI, the launcher MPICH"),
+        ({"mpi": "MPICH 4.0.2"}, "b has MPI library MPICH 4.0.2, the launcher MPICH"),
         ({"torch": "2.5.1"}, "b has torch 2.5.1"),
         ({"shm_bytes": 64 << 20}, "/dev/shm is 64 MiB"),
         ({"peers": {"a": {"address": "127.0.1.1", "dev": "lo"}}}, "b resolves a to 127.0.1.1 (loopback)"),
