@@ -119,7 +119,14 @@ def checksum(params) -> int:
 
 
 def check_replicas(comm, model, step: int) -> None:
-    """Raise :class:`ReplicasDiverged` on every rank alike unless all replicas are bit-identical."""
+    """Raise :class:`ReplicasDiverged` on every rank alike unless all replicas are bit-identical.
+
+    The comparison is an integer maximum, exact in any order, so every rank gets the same verdict
+    under any MPI. What it checks is not promised by MPI: that a floating-point all-reduce hands
+    every rank the same bits (the standard's advice to implementors under MPI_Reduce asks only for
+    the same result from the same arguments in the same order). MPICH's and Open MPI's algorithms
+    (recursive doubling with commutative pairwise sums, reduce-scatter then all-gather, ring) do;
+    the MPI tests run the trainer with this check under both at odd and even world sizes."""
     c = checksum(model.parameters())
     extremes = torch.tensor([c, -c], dtype=torch.int64)
     comm.allreduce(extremes, "max")  # (largest checksum, -smallest)
