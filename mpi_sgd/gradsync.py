@@ -69,9 +69,8 @@ class GradSync(NonFiniteFlag):
     def outgoing(self, buf: torch.Tensor, shards: int = 1, result: torch.Tensor | None = None) -> torch.Tensor:
         """Every buffer a strategy sends, just before the collective: measured for the noise scale
         (if on), then checked for non-finite values (:meth:`NonFiniteFlag.outgoing`)."""
-        if self.noise is not None:
-            self.noise.sent(buf, self.loss_scale)
-        return super().outgoing(buf, shards, result)
+        total = self.noise.sent(buf, self.loss_scale) if self.noise is not None else None
+        return super().outgoing(buf, shards, result, total)
 
     def averaged_part_sq(self) -> torch.Tensor:
         """After :meth:`wait`: this rank's part of the averaged gradient's squared norm, the parts of

@@ -65,6 +65,8 @@ class NoiseProbe:
         self.rounds = 1  # how many rounds of batch B/rounds the small batch came in (measured)
         self._step = torch.zeros(3, dtype=torch.float64, device=device)  # this step: small sum, samples, big
         self._sent = 0  # elements sent this step
+        self._sq: list[torch.Tensor] = []  # each sent buffer's squared norm, this step
+        self._scale = 1.0  # the strategy's loss scale, undone on them
         self.last = torch.zeros(4, dtype=torch.float64, device=device)  # the last committed step
 
     @property
@@ -83,15 +85,19 @@ class NoiseProbe:
 
     def begin_step(self) -> None:
         self._step.zero_()
-        self._sent = 0
+        self._sent, self._sq, self._scale = 0, [], 1.0
 
-    def sent(self, buf: torch.Tensor, loss_scale: float) -> None:
-        """A buffer about to be all-reduced (or reduce-scattered), scaled by the strategy's ``loss_scale``."""
+    def sent(self, buf: torch.Tensor, loss_scale: float) -> torch.Tensor | None:
+        """A buffer about to be all-reduced (or reduce-scattered), scaled by the strategy's ``loss_scale``:
+        its squared norm, returned for the non-finite check to reuse (one pass over it, not two)."""
         if self.world_size == 1:  # one process: the small batch is a micro-batch (first_micro_batch)
-            return
+            return None
         flat = buf.view(-1)
-        self._step[0] += flat.dot(flat).double() / loss_scale**2
+        sq = flat.dot(flat)
+        self._sq.append(sq)  # summed once the step is averaged: one tensor call per buffer here
+        self._scale = loss_scale
         self._sent += flat.numel()
+        return sq
 
     def first_micro_batch(self, params) -> None:
         """R = 1: after the first micro-batch's backward, its gradient (mean over B/k, divided by k)."""
@@ -104,6 +110,8 @@ class NoiseProbe:
     def averaged(self, part_sq: torch.Tensor) -> None:
         """After the average: this rank's part of |g_big|² (the parts of all ranks sum to it)."""
         self._step[2] += part_sq
+        if self._sq:
+            self._step[0] += torch.stack(self._sq).double().sum() / self._scale**2
         if self.world_size > 1:
             self.rounds = max(1, round(self._sent / self.numel))
             # each round sent a batch-B/rounds gradient; they were summed, so undo the 1/rounds
@@ -128,8 +136,13 @@ class NoiseProbe:
 
 
 def sliced_sq_norm(tensors, rank: int, size: int) -> torch.Tensor:
-    """Σ|t|² over every ``size``-th tensor from ``rank``: this rank's part of a replicated total."""
-    mine = [t.view(-1) for i, t in enumerate(tensors) if i % size == rank and t is not None]  # None: no gradient
-    if not mine:
-        return torch.zeros((), dtype=torch.float64)
-    return sum(t.dot(t).double() for t in mine)
+    """Σ|t|² over this rank's 1/``size`` of every tensor (elements ``[n·rank/size, n·(rank+1)/size)``):
+    its part of a replicated total, the same share of the work on every rank."""
+    total = torch.zeros((), dtype=torch.float64)
+    for t in tensors:
+        if t is None:  # no gradient this step
+            continue
+        flat = t.view(-1)
+        seg = flat[flat.numel() * rank // size : flat.numel() * (rank + 1) // size]
+        total = total.to(seg.device) + seg.dot(seg).double()
+    return total

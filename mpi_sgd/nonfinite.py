@@ -46,7 +46,9 @@ class NonFiniteFlag:
             flag = loss.detach() * 0  # 0, or NaN: 0 * inf and 0 * NaN are NaN
             self._loss_flag = flag if self._loss_flag is None else self._loss_flag + flag
 
-    def outgoing(self, buf: torch.Tensor, shards: int = 1, result: torch.Tensor | None = None) -> torch.Tensor:
+    def outgoing(
+        self, buf: torch.Tensor, shards: int = 1, result: torch.Tensor | None = None, total: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """Called by every strategy on each buffer just before it is all-reduced (or reduce-scattered
         in ``shards`` equal parts, the received part landing in ``result``).
 
@@ -68,7 +70,10 @@ class NonFiniteFlag:
         """
         if self._sent is None:
             return buf
-        total = buf.sum()
+        # ``total``: the buffer's squared norm where the noise scale already took it (one pass, not
+        # two); as a verdict it is as good as the sum, save that squares above 3e38 (values above
+        # 1.8e19 in float32) count as non-finite too, which at that size they nearly are.
+        total = buf.sum() if total is None else total
         self._sums.append(total)
         loss = self._loss_flag  # (the loss is on the gradients' device: one of these two is unused)
         if buf.device.type != "cpu":
