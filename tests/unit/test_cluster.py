@@ -6,6 +6,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -143,8 +144,8 @@ def test_slurm_script_saves_on_its_signal_and_requeues(tmp_path):
     # task itself; the script gets SIGUSR1 (Slurm's --signal=B:USR1) once training runs, must pass it
     # on, see the job exit 75 with its step saved, and requeue the job.
     root = HOSTFILES.parent
-    for name in (".venv", "examples"):
-        (tmp_path / name).symlink_to(root / name)
+    (tmp_path / ".venv").symlink_to(sys.prefix)  # the script sources .venv: this test's own venv (any MPI's)
+    (tmp_path / "examples").symlink_to(root / "examples")
     bin_dir = tmp_path / "fake-bin"
     bin_dir.mkdir()
     (bin_dir / "srun").write_text('#!/bin/bash\nshift\nexec "$@"\n')  # drop --mpi=..., run the one task
