@@ -39,6 +39,10 @@ else ifeq ($(MPI),openmpi)
   export OMPI_ALLOW_RUN_AS_ROOT := 1
   export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
   export PRTE_MCA_rmaps_default_mapping_policy := :oversubscribe
+  # Open MPI 5's one-sided component for UCX prints "OSC UCX component priority set inside component
+  # query failed" for every window where UCX has no RMA transport (open-mpi/ompi#14086); the
+  # shared-memory all-reduce's windows then use osc/sm either way, so leave osc/ucx out.
+  export OMPI_MCA_osc := ^ucx
 else ifeq ($(MPI),impi)
   # Intel MPI keeps MPICH's ABI, so mpi4py's wheel (built against MPICH) runs on its runtime wheel.
   MPI_PKG := impi-rt

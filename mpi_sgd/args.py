@@ -29,9 +29,12 @@ import argparse
 import math
 import re
 import sys
+import time
 from dataclasses import MISSING, field, fields
 
 from .launch import placement
+
+ROOT_FIRST_S = 1.0  # how long the other ranks let rank 0 go first when all refuse alike
 
 
 class UsageError(ValueError):
@@ -54,6 +57,10 @@ class ArgumentParser(argparse.ArgumentParser):
         """A value this run cannot use (rather than a malformed command line): one line, no usage."""
         if placement().rank == 0:
             sys.stderr.write(f"{self.prog}: error: {message}\n")
+        else:
+            # Open MPI's launcher ends the job at the first rank to exit non-zero; one that left
+            # before rank 0 had written its line would take the line with it.
+            time.sleep(ROOT_FIRST_S)
         sys.exit(2)
 
     def add_flags(self, cls, only: tuple[str, ...] | None = None, skip: tuple[str, ...] = ()) -> None:

@@ -76,7 +76,7 @@ CASES = (
     ),
     Case("bad argument", r".*--lr must be positive.*", status="2", args=("--lr", "-1")),
     Case("dataset too small", r".*one step needs R\*B.*", status="2", args=("--batch-size", "100000")),
-    Case("hostfile missing", r".*(hostfile|host file|No such file).*", launcher=("-f", "no-such-hostfile")),
+    Case("hostfile missing", r".*(hostfile|host file|No such file).*", launcher=("--hostfile", "no-such-hostfile")),
 )
 # Checkpoint drills (mpi_sgd.checkpoint.drill): each returns (ok, seconds, message) itself. The test
 # suite runs them on their own (tests/unit/test_checkpoint_dirs.py, tests/integration/test_reliability_jobs.py).

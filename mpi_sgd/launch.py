@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import socket
 import sys
 import time
@@ -263,7 +264,10 @@ def explain_death(output: str) -> str | None:
     """``rank 1 (pid 7 on b) killed by signal 9`` from a job's output: hydra's report of the process
     that ended the job, matched to its rank through :func:`processes_line`'s line. None unless both
     are there. (Hydra says "PID 7 RUNNING AT b", "EXIT CODE: 9" and, for a signal, "EXIT STRING:
-    Killed (signal 9)".)"""
+    Killed (signal 9)"; Open MPI says "process rank 1 with PID 7 on node b exited on signal 9".)"""
+    ompi = re.search(r"process rank (\d+) with PID (\d+) on node (\S+) exited on\s+signal (\d+)", output)
+    if ompi:  # Open MPI's prterun names the rank itself
+        return "rank {} (pid {} on {}) killed by signal {}".format(*ompi.groups())
     line = re.search(rf"^{re.escape(PROCESSES)} (.*)$", output, re.M)
     dead = re.search(r"PID (\d+) RUNNING AT (\S+)", output)
     if not line or not dead:
@@ -276,3 +280,20 @@ def explain_death(output: str) -> str | None:
     code = re.search(r"EXIT CODE: (\d+)", output)
     how = f"killed by signal {signal.group(1)}" if signal else f"exited with status {code.group(1) if code else '?'}"
     return f"rank {by_pid[dead.group(1)]} (pid {dead.group(1)} on {dead.group(2)}) {how}"
+
+
+def launcher_family(mpiexec: str) -> str:
+    """``hydra`` (MPICH, Intel MPI), ``openmpi`` or ``other``: what ``mpiexec --version`` says."""
+    import subprocess
+
+    try:
+        said = subprocess.run([mpiexec, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return "other"
+    return "hydra" if "HYDRA" in said else "openmpi" if "Open MPI" in said else "other"
+
+
+def stop_signal(mpiexec: str) -> signal.Signals:
+    """The signal that asks a job started by ``mpiexec`` to save and stop: hydra passes SIGTERM on
+    to its ranks; Open MPI's launcher answers SIGTERM by killing them at once and passes SIGUSR1 on."""
+    return signal.SIGUSR1 if launcher_family(mpiexec) == "openmpi" else signal.SIGTERM

@@ -22,6 +22,7 @@ import subprocess
 import tempfile
 import time
 
+from ..launch import stop_signal
 from . import store
 
 
@@ -203,8 +204,9 @@ def _equal(x, y) -> bool:
 
 
 def sigterm_saves(command: list[str], env: dict | None = None, timeout: float = 120) -> tuple[bool, float, str]:
-    """Start ``command + ['--checkpoint', DIR]``, SIGTERM its launcher mid-epoch once it trains (as
-    Slurm ends a job), and check that it exits 75 having saved the step it stopped at, newest in
+    """Start ``command + ['--checkpoint', DIR]``, signal its launcher mid-epoch once it trains (as
+    Slurm ends a job: SIGTERM, or SIGUSR1 for Open MPI's, see :func:`mpi_sgd.launch.stop_signal`),
+    and check that it exits 75 having saved the step it stopped at, newest in
     ``DIR``. The seconds are from the signal to the job's exit: the step, the save and the exit."""
     import re
 
@@ -217,14 +219,14 @@ def sigterm_saves(command: list[str], env: dict | None = None, timeout: float = 
                 break
         time.sleep(0.2)  # into the next epoch, between its checkpoints
         start = time.perf_counter()
-        job.terminate()
+        job.send_signal(stop_signal(command[0]))
         try:
             out, _ = job.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
             job.kill()
-            return False, time.perf_counter() - start, "the job did not end after SIGTERM"
+            return False, time.perf_counter() - start, "the job did not end after the signal"
         took = time.perf_counter() - start
-        said = re.search(r"^saved step (\d+) to .* on SIGTERM", out, re.M)
+        said = re.search(r"^saved step (\d+) to .* on SIG(TERM|USR1)", out, re.M)
         newest = store.checkpoints(ck)[:1]
         if job.returncode != 75 or not said or not newest:
             return False, took, f"exit {job.returncode}, said {said and said.group(0)!r}, checkpoints {newest}"

@@ -45,6 +45,18 @@ def run_mpi(n: int, *args: str, timeout: float = 120, env: dict | None = None, c
     return proc
 
 
+def own_lines(stderr: str) -> list[str]:
+    """The job's own lines of ``stderr``, less its launcher's report of a rank's non-zero exit:
+    Open MPI's launcher frames one between lines of dashes; hydra says nothing for a plain status."""
+    lines, framed = [], False
+    for line in stderr.splitlines():
+        if line.strip() and set(line.strip()) == {"-"}:
+            framed = not framed
+        elif line.strip() and not framed:
+            lines.append(line)
+    return lines
+
+
 def run_cli(*args: str, timeout: float = 150) -> subprocess.CompletedProcess:
     """``python -m mpi_sgd.cli args`` as one process that launches its own jobs (each ended by the
     launcher after MPIEXEC_TIMEOUT, before this call's own timeout); stdout and stderr as text."""

@@ -11,7 +11,7 @@ import pytest
 
 from tests import pages
 
-from .conftest import EXAMPLES, run_mpi
+from .conftest import EXAMPLES, own_lines, run_mpi
 
 ENV = {"OMP_NUM_THREADS": "1"}
 SCRIPT = str(EXAMPLES / "sync_sgd.py")
@@ -74,7 +74,7 @@ def test_refusal_is_one_line_once_exit_2(tmp_path):
     for case, (args, message) in cases.items():
         out = run_mpi(2, SCRIPT, *args, env=ENV, check=False)
         assert out.returncode == 2, (case, out.returncode, out.stderr[-2000:])
-        lines = out.stderr.strip().splitlines()
+        lines = own_lines(out.stderr)
         assert len(lines) == 1 and message in lines[0], (case, out.stderr)  # one line, from rank 0 only
         assert "weights_only" not in out.stderr and "epoch" not in out.stdout, case
 

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from .conftest import run_mpi, table_header
+from .conftest import own_lines, run_mpi, table_header
 
 
 def test_a_failing_rank_aborts_the_job_quickly(tmp_path):
@@ -72,7 +72,7 @@ def test_bench_sgd_on_a_gpu_it_lacks_is_one_line():
     proc = run_mpi(
         1, "-m", "mpi_sgd.cli", "bench", "sgd", "--device", "cuda", "--backend", "nccl", check=False, timeout=60
     )
-    lines = proc.stderr.strip().splitlines()
+    lines = own_lines(proc.stderr)
     assert proc.returncode == 2 and len(lines) == 1, proc.stderr
     assert lines[0].startswith("mpi-sgd bench sgd: error: --device cuda: ") and "--device cpu" in lines[0]
 

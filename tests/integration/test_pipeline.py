@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import re
 
-from .conftest import EXAMPLES, run_mpi, run_mpi_tests
+from .conftest import EXAMPLES, own_lines, run_mpi, run_mpi_tests
 
 ENV = {"OMP_NUM_THREADS": "1"}  # three or four ranks share two cores in CI
 # At R = 4 the equivalence, memory, timeline and header tests; the other communicators and the
@@ -42,6 +42,6 @@ def test_08_pipeline_checks_equality_and_prints_the_bubble_table(tmp_path):
 def test_08_pipeline_refuses_a_batch_it_cannot_cut_with_exit_2():
     proc = run_mpi(1, str(EXAMPLES / "08_pipeline.py"), "--batch-size", "4", env=ENV, check=False, timeout=60)
     assert proc.returncode == 2, proc.stderr
-    assert proc.stderr.strip().splitlines() == [  # one line: a value the flags refuse together, not a typo
+    assert own_lines(proc.stderr) == [  # one line: a value the flags refuse together, not a typo
         "08_pipeline.py: error: --batch-size 4 cannot be cut into 8 micro-batches: give at least 8"
     ]

@@ -16,9 +16,9 @@ import sys
 import numpy as np
 
 from mpi_sgd.checkpoint import drill
-from mpi_sgd.launch import mpiexec_command
+from mpi_sgd.launch import mpiexec_command, stop_signal
 
-from .conftest import EXAMPLES, ROOT, run_mpi
+from .conftest import EXAMPLES, ROOT, own_lines, run_mpi
 
 SCRIPT = str(EXAMPLES / "sync_sgd.py")
 ENV = {"OMP_NUM_THREADS": "1"}
@@ -47,7 +47,7 @@ def test_inputs_that_would_fail_later_are_refused_at_load(tmp_path):
     for case, (args, message) in cases.items():
         out = run_mpi(2, SCRIPT, *args, env=ENV, check=False)
         assert out.returncode == 2, (case, out.returncode, out.stderr[-2000:])
-        lines = out.stderr.strip().splitlines()
+        lines = own_lines(out.stderr)
         assert len(lines) == 1 and message in lines[0], (case, out.stderr)
         assert "epoch" not in out.stdout, case
 
@@ -57,7 +57,7 @@ def test_a_rank_started_with_other_flags_is_refused_before_training():
     cmd += [":", "-n", "1", sys.executable, SCRIPT, "--epochs", "3", "--lr", "0.1"]
     out = subprocess.run(cmd, cwd=ROOT, env={**env, **ENV}, capture_output=True, text=True, timeout=150)
     assert out.returncode == 2, (out.returncode, out.stderr[-2000:])
-    lines = out.stderr.strip().splitlines()
+    lines = own_lines(out.stderr)
     assert len(lines) == 1, out.stderr
     assert "--epochs: 2 on rank 0; 3 on rank 1" in lines[0] and "--lr: 0.05 on rank 0; 0.1 on rank 1" in lines[0]
     assert "epoch" not in out.stdout
@@ -81,7 +81,7 @@ def test_a_second_job_in_the_same_checkpoint_directory_is_refused(tmp_path):
                 break
         out = run_mpi(2, SCRIPT, "--checkpoint", ck, "--resume", "auto", "--epochs", "2", env=ENV, check=False)
         assert out.returncode == 2, (out.returncode, out.stderr[-2000:])
-        lines = out.stderr.strip().splitlines()
+        lines = own_lines(out.stderr)
         assert len(lines) == 1 and "is in use by another job" in lines[0], out.stderr
         assert "resuming" not in out.stdout and "epoch" not in out.stdout
         assert first.poll() is None  # A trains on
@@ -95,17 +95,19 @@ def test_a_second_job_in_the_same_checkpoint_directory_is_refused(tmp_path):
 
 
 def test_sigterm_to_mpiexec_saves_the_step_and_resume_auto_goes_on(tmp_path):
-    # As Slurm ends a job at its time limit: SIGTERM to the launcher, which passes it to the ranks.
+    # As Slurm ends a job at its time limit: SIGTERM to the launcher, which passes it to the ranks
+    # (Open MPI's kills them on SIGTERM and passes SIGUSR1 on: stop_signal picks the one that works).
     ck = str(tmp_path / "ck")
     cmd, env = mpiexec_command(2, SCRIPT, "--checkpoint", ck, "--epochs", "400", "--batch-size", "8", "--no-progress")
     job = subprocess.Popen(cmd, cwd=ROOT, env={**env, **ENV}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     for line in job.stdout:
         if line.startswith("epoch   1"):
             break
-    job.terminate()
+    signal = stop_signal(cmd[0])
+    job.send_signal(signal)
     out, err = job.communicate(timeout=60)
     assert job.returncode == 75, (job.returncode, err[-2000:])
-    said = re.findall(r"^saved step (\d+) to (.+) on SIGTERM; resume with --resume auto$", out, re.M)
+    said = re.findall(rf"^saved step (\d+) to (.+) on {signal.name}; resume with --resume auto$", out, re.M)
     assert len(said) == 1 and said[0][1] == ck, out[-2000:]
     assert "Traceback" not in err and "BAD TERMINATION" not in out + err
     step = int(said[0][0])

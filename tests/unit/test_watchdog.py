@@ -196,6 +196,9 @@ def test_a_killed_rank_is_named_from_the_launchers_pid_and_the_start_line():
     assert explain_death(exited) == "rank 1 (pid 4242 on b) exited with status 3"
     assert explain_death(HYDRA.split("\n", 1)[1]) is None  # no start line: no rank to name
     assert explain_death(HYDRA.replace("PID 4242", "PID 7")) is None  # a PID of no rank
+    # Open MPI's launcher names the rank itself, its sentence wrapped at 72 columns
+    ompi = "prterun noticed that process rank 1 with PID 4242 on node b exited on\nsignal 9 (Killed).\n"
+    assert explain_death(ompi) == "rank 1 (pid 4242 on b) killed by signal 9"
     kill = next(c for c in CASES if c.fault and c.fault.endswith("kill"))
     outcome = judge(kill, 9, HYDRA, 990.0, 1000.5, 3)
     assert outcome.passed and outcome.message == "rank 1 (pid 4242 on b) killed by signal 9"
