@@ -178,16 +178,21 @@ netns-validate: venv
 WORKERS ?= 2
 COMPOSE := docker compose -f docker/compose.yml
 DOCKER_HOSTFILE := /home/mpi/hostfile
+# A docker CLI without the compose plugin would answer "unknown shorthand flag: 'f' in -f".
+NEED_COMPOSE = docker compose version >/dev/null 2>&1 || { echo "make $@: 'docker compose' is missing: install the Docker Compose plugin (apt-get install docker-compose-plugin, or Docker Desktop)" >&2; exit 1; }
 docker-cluster:
 	@timeout 4 docker info >/dev/null 2>&1 || { \
 	  echo "make docker-cluster: no Docker engine answers here ('docker info' failed)." >&2; \
 	  echo "  Start Docker (dockerd or Docker Desktop) and retry, or run 'make netns-cluster' (root):" >&2; \
 	  echo "  two hosts on this machine as network namespaces, no Docker needed." >&2; exit 1; }
+	@$(NEED_COMPOSE)
 	WORKERS=$(WORKERS) $(COMPOSE) up --build --detach --wait
 	$(COMPOSE) exec head mpi-sgd doctor -f $(DOCKER_HOSTFILE)
 	$(COMPOSE) exec head mpiexec -n 4 -f $(DOCKER_HOSTFILE) python examples/sync_sgd.py
 
 docker-down:
+	@$(NEED_COMPOSE)
+	@timeout 4 docker info >/dev/null 2>&1 || { echo "make docker-down: no Docker engine answers here ('docker info' failed): nothing to take down" >&2; exit 1; }
 	$(COMPOSE) down --volumes --remove-orphans
 
 # Asynchronous (parameter server) vs synchronous SGD: R = 2, 3, 4, a straggler, a communication-bound

@@ -85,3 +85,15 @@ def test_make_docker_cluster_without_an_engine_fails_at_once():
     took = time.monotonic() - start
     assert done.returncode != 0 and took < 5, took
     assert "no Docker engine answers here" in done.stderr and "make netns-cluster" in done.stderr
+
+
+def test_make_docker_down_without_compose_or_engine_says_which_in_one_line():
+    compose = subprocess.run("docker compose version", shell=True, capture_output=True).returncode == 0
+    engine = subprocess.run("timeout 4 docker info", shell=True, capture_output=True).returncode == 0
+    if compose and engine:
+        pytest.skip("Docker and its compose plugin answer here; make docker-down would really take a cluster down")
+    done = subprocess.run(["make", "-s", "docker-down"], cwd=ROOT, capture_output=True, text=True, timeout=30)
+    ours = [line for line in done.stderr.splitlines() if not line.startswith("make: ***")]
+    assert done.returncode != 0 and len(ours) == 1, done.stderr
+    why = "'docker compose' is missing" if not compose else "no Docker engine answers here"
+    assert why in ours[0] and "unknown shorthand flag" not in done.stderr, done.stderr
