@@ -201,8 +201,10 @@ class Monitor:
     def _leave(self) -> None:
         """At exit: stop the thread and tell the others, so a rank that returned early is named.
 
-        Rank 0 also waits (ANSWER_WAIT at most) for every rank's last word and compares their running
-        CRCs with its own: a mismatch the periodic check had no time to see still fails the job.
+        Every rank then waits (ANSWER_WAIT at most) for every other rank's last word: a message left
+        unreceived at MPI_Finalize makes UCX warn of an "unexpected tag-receive descriptor" as a job
+        that worked ends. Rank 0 compares their running CRCs with its own: a mismatch the periodic
+        check had no time to see still fails the job.
         """
         self._stop.set()
         self.thread.join(timeout=2 * self.wd.poll + 1)
@@ -212,7 +214,7 @@ class Monitor:
                 if r != self.wd.rank:
                     self._send(r, LEFT, {**me, "calls": self.wd.history(512)} if r == 0 else me)
             deadline = time.monotonic() + ANSWER_WAIT
-            while self.wd.rank == 0 and len(self._left) < self.wd.size - 1 and time.monotonic() < deadline:
+            while len(self._left) < self.wd.size - 1 and time.monotonic() < deadline:
                 time.sleep(0.005)
                 self._serve()
             for r, s in sorted(self._left.items()):
@@ -220,5 +222,6 @@ class Monitor:
                     self._report_mismatch(r, s)
             while self._sends and time.monotonic() < deadline:
                 self._sends = [(r, d) for r, d in self._sends if not r.Test()]
+            self._serve()  # anything that arrived meanwhile (a late answer) is received, not left
         except Exception:
             pass  # MPI may already be going down; leaving quietly is all that is left
