@@ -121,14 +121,16 @@ PROBES = {
 }
 
 DOCTOR = "mpi_sgd.cluster.doctor.run"
+CLEAN = "mpi_sgd.cluster.residue.clean"
 PROBES["mpi-sgd doctor"] = Entry(
     [],
-    {DOCTOR: "stop"},
+    {DOCTOR: "stop", CLEAN: "stop"},
     {
         "--hosts": probe("--hosts a:2,b", at(DOCTOR, "names", ["a", "b"])),
         "--hostfile": probe("--hostfile {tmp}/hosts", at(DOCTOR, "names", ["x", "y"])),  # written by the test
         "--timeout": probe("--timeout 3", at(DOCTOR, "timeout", 3.0)),
         "--python": probe("--python /opt/py", at(DOCTOR, "python", "/opt/py")),
+        "--clean": probe("--clean --timeout 5", at(CLEAN, "grace", 5.0), never(DOCTOR)),
     },
 )
 FAULTS = "mpi_sgd.faultmatrix."

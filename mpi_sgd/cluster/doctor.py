@@ -263,7 +263,7 @@ def run(names: list[str], python: str, timeout: float) -> tuple[list[HostReport]
 
 def main(args: Flags) -> int:
     if args.clean:
-        from ..comm.shm import residue
+        from . import residue
 
         removed = residue.clean(grace=args.timeout)
         for name, size in removed:

@@ -133,7 +133,7 @@ def test_a_job_killed_outright_leaves_nothing_in_dev_shm():
     import os
     import signal
 
-    from mpi_sgd.comm.shm import residue
+    from mpi_sgd.cluster import residue
 
     before = {p.name for p in residue.segments()}
     cmd, env = mpiexec_command(2, "-c", WAITS)

@@ -6,7 +6,7 @@ import mmap
 import os
 import time
 
-from mpi_sgd.comm.shm import residue
+from mpi_sgd.cluster import residue
 
 
 def _segment(directory, name: str, age: float) -> str:

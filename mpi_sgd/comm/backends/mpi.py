@@ -78,9 +78,9 @@ def _test(handle) -> bool:
 
 def _clear_residue(node: MPI.Comm) -> None:
     """Leave nothing in /dev/shm if this job is killed, and remove what killed jobs left there
-    (:mod:`mpi_sgd.comm.shm.residue`): MPICH's start-up segment unlinked once the node's ranks map
+    (:mod:`mpi_sgd.cluster.residue`): MPICH's start-up segment unlinked once the node's ranks map
     it, and the node's first rank removing the segments no process maps any more."""
-    from ..shm import residue
+    from ...cluster import residue
     from ..shm.window import unlink_mpi_segments
 
     unlink_mpi_segments(node)

@@ -4,7 +4,6 @@
 * :mod:`.sync`: how the ranks wait for each other there (counters, fences, bounded waits);
 * :mod:`.reduce`: what one rank computes, its slice chunk by chunk;
 * :mod:`.stages`: one call's way through the algorithm, a stage at a time;
-* :mod:`.residue`: what killed jobs leave in /dev/shm, found and removed;
 * :mod:`.allreduce`: the algorithm that puts them together (:class:`~.allreduce.SharedAllreduce`): the calls
   in flight and when each takes its next stage.
 """
