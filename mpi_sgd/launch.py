@@ -13,6 +13,7 @@ import re
 import signal
 import socket
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Mapping
@@ -144,6 +145,25 @@ def install_abort_hook(comm) -> None:
         comm.abort(1)
 
     sys.excepthook = hook
+    if (
+        threading.current_thread() is threading.main_thread()
+        and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    ):
+        signal.signal(signal.SIGINT, lambda *_: interrupted(comm.rank))
+
+
+def interrupted(rank: int) -> None:
+    """Ctrl-C: the launcher passes SIGINT to every rank at once, and each would print its own
+    KeyboardInterrupt traceback, then abort the job over the others'. One line (rank 0's), and
+    every rank leaves at once with status 130, as a shell reports an interrupted command."""
+    if rank == 0:
+        sys.stderr.write("mpi_sgd: interrupted (Ctrl-C); nothing is saved (SIGTERM or SIGUSR1 save the step first)\n")
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass  # the launcher's pipe may be gone already
+    os._exit(128 + signal.SIGINT)
 
 
 def pin_threads(local_size: int) -> int:

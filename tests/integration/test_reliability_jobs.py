@@ -17,7 +17,7 @@ import time
 import numpy as np
 
 from mpi_sgd.checkpoint import drill
-from mpi_sgd.launch import mpiexec_command, stop_signal
+from mpi_sgd.launch import launcher_family, mpiexec_command, stop_signal
 
 from .conftest import EXAMPLES, ROOT, own_lines, run_mpi
 
@@ -152,3 +152,25 @@ def test_a_job_killed_outright_leaves_nothing_in_dev_shm():
     removed = {name for name, _ in residue.clean(grace=0)}
     assert left <= removed, f"left in /dev/shm and still mapped: {sorted(left - removed)}"
     assert not ({p.name for p in residue.segments()} - before)
+
+
+def test_ctrl_c_ends_the_job_in_one_line_without_tracebacks():
+    # Ctrl-C at a terminal: SIGINT to the launcher. Hydra passes it to every rank, which would each
+    # print a KeyboardInterrupt traceback; Open MPI's launcher ends the ranks itself, silently.
+    import signal
+
+    cmd, env = mpiexec_command(2, SCRIPT, "--epochs", "400", "--batch-size", "8", "--no-progress")
+    job = subprocess.Popen(cmd, cwd=ROOT, env={**env, **ENV}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for line in job.stdout:
+        if line.startswith("epoch   0"):
+            break
+    start = time.monotonic()
+    job.send_signal(signal.SIGINT)
+    out, err = job.communicate(timeout=60)
+    assert time.monotonic() - start < 10 and "Traceback" not in err, err[-2000:]
+    if launcher_family(cmd[0]) == "hydra":  # the ranks heard it, and rank 0 said so
+        assert job.returncode == 130, (job.returncode, err[-2000:])
+        ours = [line for line in err.splitlines() if not line.startswith("[mpiexec@")]
+        assert len(ours) == 1 and "interrupted (Ctrl-C)" in ours[0], err
+    else:
+        assert job.returncode != 0
