@@ -3,7 +3,8 @@
 Each case launches a real two-rank job of a training script (``--script``, e.g. the examples'
 ``sync_sgd.py``) with one thing wrong: a fault injected on rank 1 (``MPI_SGD_FAULT``, see
 :mod:`mpi_sgd.comm.wrappers.faults`), a bad argument, a dataset too small for the batch, a hostfile that
-does not exist; then the checkpoint kill drills (:data:`DRILLS`). A case passes when the job
+does not exist; then the drills (:data:`DRILLS`): checkpoints under kills and SIGTERM, Ctrl-C, and a
+job killed outright. A case passes when the job
 ends with the status it should, prints a message naming the cause (and, for every injected fault,
 the rank to blame: rank 1), and ends within its bound: seconds after the fault for injected ones (read from
 the line the faulty rank prints as it acts), from the launch for the rest. Stall cases run with
@@ -80,9 +81,15 @@ CASES = (
 )
 # Checkpoint drills (mpi_sgd.checkpoint.drill): each returns (ok, seconds, message) itself. The test
 # suite runs them on their own (tests/unit/test_checkpoint_dirs.py, tests/integration/test_reliability_jobs.py).
-DRILLS = ("SIGKILL at every step of a save", "SIGKILL mid-run, then --resume auto", "SIGTERM mid-epoch: the step saved")
+DRILLS = (
+    "SIGKILL at every step of a save",
+    "SIGKILL mid-run, then --resume auto",
+    "SIGTERM mid-epoch: the step saved",
+    "Ctrl-C: one line, no traceback",  # mpi_sgd.jobdrills
+    "launcher and ranks SIGKILLed: /dev/shm clean",
+)
 # the whole drill: 12 saves killed; three training runs; SIGTERM to exit for the MLP at R = 2
-DRILL_BOUNDS = {DRILLS[0]: 30.0, DRILLS[1]: 240.0, DRILLS[2]: 10.0}
+DRILL_BOUNDS = {DRILLS[0]: 30.0, DRILLS[1]: 240.0, DRILLS[2]: 10.0, DRILLS[3]: 10.0, DRILLS[4]: 10.0}
 
 
 @dataclass
@@ -239,7 +246,9 @@ def run(script: str, stall_timeout: float, cases=CASES, cwd: str | None = None, 
 
 
 def run_drill(name: str, script: str, cwd: str | None = None) -> Outcome:
-    """One of :data:`DRILLS`: every kill point of a save, or a job killed and resumed bit for bit."""
+    """One of :data:`DRILLS`: every kill point of a save, a job killed and resumed bit for bit, a
+    job stopped by SIGTERM, by Ctrl-C, or killed outright."""
+    from . import jobdrills
     from .checkpoint import drill
 
     if name == DRILLS[0]:
@@ -250,9 +259,17 @@ def run_drill(name: str, script: str, cwd: str | None = None) -> Outcome:
     elif name == DRILLS[1]:
         cmd, env = mpiexec_command(2, script, "--epochs", "4", "--no-progress", "--batch-size", "64")
         ok, seconds, message = drill.kill_and_resume(cmd, env={**env, "OMP_NUM_THREADS": "1"}, timeout=200)
-    else:  # the 784-1024-1024-10 MLP, a 15 MB checkpoint with its momentum: the save must fit KillWait
+    elif (
+        name == DRILLS[2]
+    ):  # the 784-1024-1024-10 MLP, a 15 MB checkpoint with its momentum: the save must fit KillWait
         cmd, env = mpiexec_command(2, script, "--model", "mlp", "--epochs", "100", "--no-progress")
         ok, seconds, message = drill.sigterm_saves(cmd, env={**env, "OMP_NUM_THREADS": "1"}, timeout=120)
+    elif name == DRILLS[3]:
+        cmd, env = mpiexec_command(2, script, "--epochs", "400", "--batch-size", "8", "--no-progress")
+        ok, seconds, message = jobdrills.ctrl_c(cmd, env={**env, "OMP_NUM_THREADS": "1"})
+    else:
+        cmd, env = mpiexec_command(2, "-c", jobdrills.WAITS)
+        ok, seconds, message = jobdrills.killed_outright(cmd, env={**env, "OMP_NUM_THREADS": "1"})
     bound = DRILL_BOUNDS[name]
     return Outcome(Case(name, "", status="0"), 0 if ok else 1, seconds, bound, message[:160], ok and seconds <= bound)
 

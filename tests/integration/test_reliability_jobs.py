@@ -12,12 +12,12 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-import time
 
 import numpy as np
 
+from mpi_sgd import jobdrills
 from mpi_sgd.checkpoint import drill
-from mpi_sgd.launch import launcher_family, mpiexec_command, stop_signal
+from mpi_sgd.launch import mpiexec_command, stop_signal
 
 from .conftest import EXAMPLES, ROOT, own_lines, run_mpi
 
@@ -116,61 +116,18 @@ def test_sigterm_to_mpiexec_saves_the_step_and_resume_auto_goes_on(tmp_path):
     assert re.search(rf"^resuming from {re.escape(ck)}/step-0*{step} at step {step}$", again.stdout, re.M), again.stdout
 
 
-WAITS = """
-import os, time
-from mpi_sgd import comm as C
-c = C.init(stall_timeout=0)
-c.barrier()
-print("ready", os.getpid(), flush=True)
-time.sleep(600)
-"""
-
-
 def test_a_job_killed_outright_leaves_nothing_in_dev_shm():
-    # The launcher and every rank SIGKILLed at once (a scheduler's cleanup, a test harness's
-    # timeout): no MPI code runs to remove its files. MPICH's segment lost its name once every rank
-    # mapped it; the rest (Open MPI's) no process maps any more, and the next job's clean removes it.
-    import os
-    import signal
-
-    from mpi_sgd.cluster import residue
-
-    before = {p.name for p in residue.segments()}
-    cmd, env = mpiexec_command(2, "-c", WAITS)
-    job = subprocess.Popen(cmd, cwd=ROOT, env={**env, **ENV}, stdout=subprocess.PIPE, text=True, start_new_session=True)
-    ranks = []
-    try:
-        ranks = [int(job.stdout.readline().split()[-1]) for _ in range(2)]
-    finally:
-        # Open MPI starts its ranks in a session of their own: they are killed by name, not by group
-        for pid in ranks:
-            os.kill(pid, signal.SIGKILL)
-        os.killpg(job.pid, signal.SIGKILL)
-        job.wait()
-    time.sleep(0.5)  # the kernel unmaps a killed process's memory as it reaps it
-    left = {p.name for p in residue.segments()} - before
-    removed = {name for name, _ in residue.clean(grace=0)}
-    assert left <= removed, f"left in /dev/shm and still mapped: {sorted(left - removed)}"
-    assert not ({p.name for p in residue.segments()} - before)
+    # The launcher and every rank SIGKILLed at once (a scheduler's cleanup, a harness's timeout):
+    # no MPI code runs to remove its files. MPICH's segment lost its name once every rank mapped
+    # it; the rest (Open MPI's) no process maps any more, and the next job's clean removes it.
+    cmd, env = mpiexec_command(2, "-c", jobdrills.WAITS)
+    ok, _, message = jobdrills.killed_outright(cmd, env={**env, **ENV})
+    assert ok, message
 
 
 def test_ctrl_c_ends_the_job_in_one_line_without_tracebacks():
-    # Ctrl-C at a terminal: SIGINT to the launcher. Hydra passes it to every rank, which would each
-    # print a KeyboardInterrupt traceback; Open MPI's launcher ends the ranks itself, silently.
-    import signal
-
+    # Hydra passes SIGINT on to every rank, which would each print a KeyboardInterrupt traceback:
+    # rank 0 says one line and all exit 130. Open MPI's launcher ends the ranks itself, silently.
     cmd, env = mpiexec_command(2, SCRIPT, "--epochs", "400", "--batch-size", "8", "--no-progress")
-    job = subprocess.Popen(cmd, cwd=ROOT, env={**env, **ENV}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    for line in job.stdout:
-        if line.startswith("epoch   0"):
-            break
-    start = time.monotonic()
-    job.send_signal(signal.SIGINT)
-    out, err = job.communicate(timeout=60)
-    assert time.monotonic() - start < 10 and "Traceback" not in err, err[-2000:]
-    if launcher_family(cmd[0]) == "hydra":  # the ranks heard it, and rank 0 said so
-        assert job.returncode == 130, (job.returncode, err[-2000:])
-        ours = [line for line in err.splitlines() if not line.startswith("[mpiexec@")]
-        assert len(ours) == 1 and "interrupted (Ctrl-C)" in ours[0], err
-    else:
-        assert job.returncode != 0
+    ok, seconds, message = jobdrills.ctrl_c(cmd, env={**env, **ENV})
+    assert ok and seconds < 10, (seconds, message)

@@ -49,7 +49,7 @@ FLOORS = (
         "metrics",
     ),  # one step, the training loop, and what its ranks must agree on
     ("calibrate",),  # measuring the machine with the trainer's own step
-    ("bench", "faultmatrix", "figures"),  # benchmarks, the fault matrix, the docs' figures: jobs started and measured
+    ("bench", "faultmatrix", "jobdrills", "figures"),  # benchmarks, the fault matrix and its drills, the docs' figures
     ("cli",),  # the `mpi-sgd` entry point, the one module that may import bench
 )
 FLOOR = {unit: level for level, units in enumerate(FLOORS) for unit in units}

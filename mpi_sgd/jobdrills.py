@@ -1,0 +1,88 @@
+"""Drills on a whole job from outside: what a user at a terminal, or a scheduler, does to it.
+
+Each takes the command that starts a training job (``mpiexec -n 2 python sync_sgd.py ...``, from
+:func:`mpi_sgd.launch.mpiexec_command`) and returns ``(ok, seconds, message)``, as the checkpoint
+drills (:mod:`mpi_sgd.checkpoint.drill`) do; ``mpi-sgd faults`` shows them as rows.
+
+* :func:`ctrl_c`: SIGINT to the launcher once the job trains. Hydra passes it on to every rank:
+  one line from rank 0, status 130, no traceback. Open MPI's launcher ends the ranks itself.
+* :func:`killed_outright`: SIGKILL to the launcher and every rank at once, so that no MPI code
+  runs to clean up: nothing of the job may stay in /dev/shm once the next job's clean has run
+  (:mod:`mpi_sgd.cluster.residue`).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+
+from .cluster import residue
+from .launch import launcher_family
+
+# A rank that prints its pid once MPI is up, then waits: killed_outright's job.
+WAITS = """import os, time
+from mpi_sgd import comm
+comm.init(stall_timeout=0).barrier()
+print("ready", os.getpid(), flush=True)
+time.sleep(600)
+"""
+
+
+def _until_training(job: subprocess.Popen) -> None:
+    for line in job.stdout:
+        if line.startswith("epoch"):  # an epoch done: the job trains
+            return
+
+
+def ctrl_c(command: list[str], env: dict | None = None, timeout: float = 60) -> tuple[bool, float, str]:
+    env = {**os.environ, **(env or {})}
+    job = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _until_training(job)
+    start = time.perf_counter()
+    job.send_signal(signal.SIGINT)
+    try:
+        _, err = job.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        job.kill()
+        return False, time.perf_counter() - start, "the job did not end after SIGINT"
+    took = time.perf_counter() - start
+    if "Traceback" in err:
+        return False, took, f"exit {job.returncode} with a traceback: {err.strip().splitlines()[-1]}"
+    if launcher_family(command[0]) != "hydra":
+        ok = job.returncode != 0
+        return ok, took, f"exit {job.returncode}: the launcher ended the ranks itself, silently"
+    ours = [line for line in err.splitlines() if line.strip() and not line.startswith("[mpiexec@")]
+    if job.returncode != 130 or len(ours) != 1:
+        return False, took, f"exit {job.returncode}, {len(ours)} line(s) of its own: {ours[:2]}"
+    return True, took, f"exit 130: {ours[0]}"
+
+
+def killed_outright(command: list[str], env: dict | None = None, timeout: float = 60) -> tuple[bool, float, str]:
+    """``command`` must start ranks that print ``ready PID`` and wait (:data:`WAITS`)."""
+    env = {**os.environ, **(env or {})}
+    before = {p.name for p in residue.segments()}
+    job = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, text=True, start_new_session=True)
+    pids: list[int] = []
+    try:
+        for line in job.stdout:
+            if line.startswith("ready"):
+                pids.append(int(line.split()[1]))
+            if len(pids) == 2:
+                break
+    finally:
+        # Open MPI starts its ranks in a session of their own: killed by pid, not by group
+        for pid in pids:
+            os.kill(pid, signal.SIGKILL)
+        os.killpg(job.pid, signal.SIGKILL)
+        job.wait()
+    start = time.perf_counter()
+    time.sleep(0.5)  # the kernel unmaps a killed process's memory as it reaps it
+    left = {p.name for p in residue.segments()} - before
+    removed = {name for name, _ in residue.clean(grace=0) if name in left}
+    still = {p.name for p in residue.segments()} - before
+    took = time.perf_counter() - start
+    if len(pids) < 2 or still:
+        return False, took, f"{len(pids)} rank(s) started; still in /dev/shm: {sorted(still)}"
+    return True, took, f"killed; {len(left)} file(s) left in /dev/shm, {len(removed)} removed by the next clean"
