@@ -14,18 +14,21 @@ drills (:mod:`mpi_sgd.checkpoint.drill`) do; ``mpi-sgd faults`` shows them as ro
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
+import tempfile
 import time
 
 from .cluster import residue
 from .launch import launcher_family
 
-# A rank that prints its pid once MPI is up, then waits: killed_outright's job.
+# A rank that notes its pid once MPI is up, then waits: killed_outright's job. A file per rank, not
+# a line: the launcher may splice two ranks' lines into one ("readyready 8033").
 WAITS = """import os, time
 from mpi_sgd import comm
 comm.init(stall_timeout=0).barrier()
-print("ready", os.getpid(), flush=True)
+open(os.path.join(os.environ["MPI_SGD_DRILL_DIR"], str(os.getpid())), "w").close()
 time.sleep(600)
 """
 
@@ -60,23 +63,24 @@ def ctrl_c(command: list[str], env: dict | None = None, timeout: float = 60) -> 
 
 
 def killed_outright(command: list[str], env: dict | None = None, timeout: float = 60) -> tuple[bool, float, str]:
-    """``command`` must start ranks that print ``ready PID`` and wait (:data:`WAITS`)."""
-    env = {**os.environ, **(env or {})}
+    """``command`` must start two ranks that note their pids and wait (:data:`WAITS`)."""
+    drill_dir = tempfile.mkdtemp(prefix="mpi-sgd-drill-")
+    env = {**os.environ, **(env or {}), "MPI_SGD_DRILL_DIR": drill_dir}
     before = {p.name for p in residue.segments()}
-    job = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, text=True, start_new_session=True)
+    job = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, start_new_session=True)
     pids: list[int] = []
     try:
-        for line in job.stdout:
-            if line.startswith("ready"):
-                pids.append(int(line.split()[1]))
-            if len(pids) == 2:
-                break
+        deadline = time.monotonic() + timeout
+        while len(pids) < 2 and job.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+            pids = [int(name) for name in os.listdir(drill_dir)]
     finally:
         # Open MPI starts its ranks in a session of their own: killed by pid, not by group
         for pid in pids:
             os.kill(pid, signal.SIGKILL)
         os.killpg(job.pid, signal.SIGKILL)
         job.wait()
+        shutil.rmtree(drill_dir, ignore_errors=True)
     start = time.perf_counter()
     time.sleep(0.5)  # the kernel unmaps a killed process's memory as it reaps it
     left = {p.name for p in residue.segments()} - before
