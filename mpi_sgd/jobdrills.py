@@ -41,7 +41,11 @@ def _until_training(job: subprocess.Popen) -> None:
 
 def ctrl_c(command: list[str], env: dict | None = None, timeout: float = 60) -> tuple[bool, float, str]:
     env = {**os.environ, **(env or {})}
-    job = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # SIGINT as at a terminal, not ignored as in a background job of a shell without job control
+    default = lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)  # noqa: E731
+    job = subprocess.Popen(
+        command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=default
+    )
     _until_training(job)
     start = time.perf_counter()
     job.send_signal(signal.SIGINT)

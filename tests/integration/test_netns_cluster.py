@@ -269,6 +269,9 @@ def test_ctrl_c_tears_everything_down():
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        # as at a terminal: a suite started in the background by a shell without job control
+        # inherits SIGINT ignored, and so would the cluster
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         line = p.stdout.readline()
