@@ -23,7 +23,8 @@ from dataclasses import asdict
 
 import torch
 
-from .launch import JobError, process_id
+from .launch import JobError
+from .launchers import process_id
 from .report import ranks_text
 
 # Flags that may differ between ranks: which GPU a rank uses, and whether it draws a progress bar.
@@ -85,7 +86,7 @@ def compare(everyone: list[dict[str, str]]) -> list[str]:
 def check_start(comm, cfg, dataset, val) -> list[str]:
     """Raise :class:`ConfigMismatch` on every rank alike if the ranks' flags or data differ.
 
-    Returns every rank's process as ``PID@HOST`` (:func:`mpi_sgd.launch.process_id`), by rank: the
+    Returns every rank's process as ``PID@HOST`` (:func:`mpi_sgd.launchers.process_id`), by rank: the
     same all-gather carries it, for the start line that maps a launcher's PIDs to ranks.
     """
     everyone = comm.allgather_obj((start_fields(cfg, dataset, val), process_id()))

@@ -21,7 +21,7 @@ import tempfile
 import time
 
 from .cluster import residue
-from .launch import launcher_family
+from .launchers import launcher_family, signal_and_wait
 
 # A rank that notes its pid once MPI is up, then waits: killed_outright's job. A file per rank, not
 # a line: the launcher may splice two ranks' lines into one ("readyready 8033").
@@ -47,14 +47,10 @@ def ctrl_c(command: list[str], env: dict | None = None, timeout: float = 60) -> 
         command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=default
     )
     _until_training(job)
-    start = time.perf_counter()
-    job.send_signal(signal.SIGINT)
-    try:
-        _, err = job.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        job.kill()
-        return False, time.perf_counter() - start, "the job did not end after SIGINT"
-    took = time.perf_counter() - start
+    ended = signal_and_wait(job, signal.SIGINT, timeout)
+    if ended is None:
+        return False, timeout, "the job did not end after SIGINT"
+    _, err, took = ended
     if "Traceback" in err:
         return False, took, f"exit {job.returncode} with a traceback: {err.strip().splitlines()[-1]}"
     if launcher_family(command[0]) != "hydra":

@@ -36,7 +36,7 @@ from .comm import split_counts
 from .config import TrainConfig
 from .convergence import Convergence
 from .gradsync import GradSync
-from .launch import processes_line
+from .launchers import processes_line
 from .models import build_model
 from .nonfinite import diagnose
 from .preemption import Preempted, Preemption

@@ -22,7 +22,7 @@ import subprocess
 import tempfile
 import time
 
-from ..launch import stop_signal
+from ..launchers import signal_and_wait, stop_signal
 from . import store
 
 
@@ -205,7 +205,7 @@ def _equal(x, y) -> bool:
 
 def sigterm_saves(command: list[str], env: dict | None = None, timeout: float = 120) -> tuple[bool, float, str]:
     """Start ``command + ['--checkpoint', DIR]``, signal its launcher mid-epoch once it trains (as
-    Slurm ends a job: SIGTERM, or SIGUSR1 for Open MPI's, see :func:`mpi_sgd.launch.stop_signal`),
+    Slurm ends a job: SIGTERM, or SIGUSR1 for Open MPI's, see :func:`mpi_sgd.launchers.stop_signal`),
     and check that it exits 75 having saved the step it stopped at, newest in
     ``DIR``. The seconds are from the signal to the job's exit: the step, the save and the exit."""
     import re
@@ -218,14 +218,10 @@ def sigterm_saves(command: list[str], env: dict | None = None, timeout: float = 
             if line.startswith("epoch"):  # an epoch done: the next one is under way
                 break
         time.sleep(0.2)  # into the next epoch, between its checkpoints
-        start = time.perf_counter()
-        job.send_signal(stop_signal(command[0]))
-        try:
-            out, _ = job.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            job.kill()
-            return False, time.perf_counter() - start, "the job did not end after the signal"
-        took = time.perf_counter() - start
+        ended = signal_and_wait(job, stop_signal(command[0]), timeout)
+        if ended is None:
+            return False, timeout, "the job did not end after the signal"
+        out, _, took = ended
         said = re.search(r"^saved step (\d+) to .* on SIG(TERM|USR1)", out, re.M)
         newest = store.checkpoints(ck)[:1]
         if job.returncode != 75 or not said or not newest:

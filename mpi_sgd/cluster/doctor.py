@@ -17,6 +17,10 @@ It never hangs: every probe runs in its own thread under a deadline, and ssh get
 one of its addresses) is probed without ssh, as hydra starts local ranks without it.
 """
 
+# (Said here, not in the docstring, which --help shows.)
+# Why one module of over 300 lines: the probes, the table and the verdict all read one HostReport, and
+# ``--clean`` is the doctor's one repair of the host it runs on (:mod:`.residue` does the work).
+
 from __future__ import annotations
 
 import concurrent.futures

@@ -29,6 +29,9 @@ Buffer conventions (the same on every backend):
 Sub-communicators: :meth:`Communicator.split` and :meth:`Communicator.split_type` cut a communicator
 into parts as ``MPI_Comm_split`` and ``MPI_Comm_split_type`` do, on every backend; a wrapper splits
 what it wraps and wraps each part the same way (:mod:`.wrappers.wrapper`).
+
+Why one module of over 300 lines: this is the seam every backend and wrapper implements, and most of
+it is the contract in words (each call's docstring); the code under them is short.
 """
 
 from __future__ import annotations

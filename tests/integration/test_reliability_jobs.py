@@ -17,7 +17,8 @@ import numpy as np
 
 from mpi_sgd import jobdrills
 from mpi_sgd.checkpoint import drill
-from mpi_sgd.launch import mpiexec_command, stop_signal
+from mpi_sgd.launch import mpiexec_command
+from mpi_sgd.launchers import stop_signal
 
 from .conftest import EXAMPLES, ROOT, own_lines, run_mpi
 

@@ -17,7 +17,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "mpi_sgd"
 
 # Bottom to top. A module may import its own floor and those below.
 FLOORS = (
-    ("launch", "report", "args", "cluster"),  # where a process sits and on which hosts; results; flags
+    ("launch", "launchers", "report", "args", "cluster"),  # where a process sits, its launcher; results; flags
     ("comm",),  # the seam and its backends and wrappers
     # built on the seam, or pure
     (

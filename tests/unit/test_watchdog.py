@@ -187,7 +187,7 @@ YOUR APPLICATION TERMINATED WITH THE EXIT STRING: Killed (signal 9)
 
 def test_a_killed_rank_is_named_from_the_launchers_pid_and_the_start_line():
     from mpi_sgd.faultmatrix import CASES, judge
-    from mpi_sgd.launch import explain_death, processes_line
+    from mpi_sgd.launchers import explain_death, processes_line
 
     assert processes_line(["4100@a", "4242@b"]) == HYDRA.splitlines()[0]  # what the trainer prints at start
     assert explain_death(HYDRA) == "rank 1 (pid 4242 on b) killed by signal 9"

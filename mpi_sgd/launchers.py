@@ -1,0 +1,86 @@
+"""What launchers say and do, read the same way for hydra (MPICH, Intel MPI) and Open MPI's prterun.
+
+The start line that maps each rank to its process, the launcher's report of a rank that died,
+matched back to that rank (:func:`explain_death`), which launcher an ``mpiexec`` is, and the signal
+it passes on to its ranks for a graceful stop (:func:`stop_signal`); :func:`signal_and_wait`
+sends one to a running job and times how long the job takes to end.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import time
+
+# -- naming the rank of a process the launcher reports dead -------------------------------------
+# A rank killed by a signal (the OOM killer, a lost node) says nothing; the launcher names only its
+# process ID, and kills the other ranks before they can speak (hydra: "PID 4242 RUNNING AT b" then
+# "EXIT CODE: 9"). So the trainer's rank 0 prints, once at start, which process each rank is.
+PROCESSES = "processes:"
+
+
+def process_id() -> str:
+    """This process as a launcher names it: ``PID@HOST``."""
+    return f"{os.getpid()}@{socket.gethostname()}"
+
+
+def processes_line(processes: list[str]) -> str:
+    """The start line: ``processes: rank 0 = pid 41 on a, rank 1 = pid 7 on b`` from ``PID@HOST`` by rank."""
+    parts = (f"rank {r} = pid {p.partition('@')[0]} on {p.partition('@')[2]}" for r, p in enumerate(processes))
+    return f"{PROCESSES} {', '.join(parts)}"
+
+
+def explain_death(output: str) -> str | None:
+    """``rank 1 (pid 7 on b) killed by signal 9`` from a job's output: hydra's report of the process
+    that ended the job, matched to its rank through :func:`processes_line`'s line. None unless both
+    are there. (Hydra says "PID 7 RUNNING AT b", "EXIT CODE: 9" and, for a signal, "EXIT STRING:
+    Killed (signal 9)"; Open MPI says "process rank 1 with PID 7 on node b exited on signal 9".)"""
+    ompi = re.search(r"process rank (\d+) with PID (\d+) on node (\S+) exited on\s+signal (\d+)", output)
+    if ompi:  # Open MPI's prterun names the rank itself
+        return "rank {} (pid {} on {}) killed by signal {}".format(*ompi.groups())
+    line = re.search(rf"^{re.escape(PROCESSES)} (.*)$", output, re.M)
+    dead = re.search(r"PID (\d+) RUNNING AT (\S+)", output)
+    if not line or not dead:
+        return None
+    ranks = dict(re.findall(r"rank (\d+) = pid (\d+) on ", line.group(1)))
+    by_pid = {pid: rank for rank, pid in ranks.items()}
+    if dead.group(1) not in by_pid:
+        return None
+    signal = re.search(r"EXIT STRING: .*\(signal (\d+)\)", output)
+    code = re.search(r"EXIT CODE: (\d+)", output)
+    how = f"killed by signal {signal.group(1)}" if signal else f"exited with status {code.group(1) if code else '?'}"
+    return f"rank {by_pid[dead.group(1)]} (pid {dead.group(1)} on {dead.group(2)}) {how}"
+
+
+def launcher_family(mpiexec: str) -> str:
+    """``hydra`` (MPICH, Intel MPI), ``openmpi`` or ``other``: what ``mpiexec --version`` says."""
+    import subprocess
+
+    try:
+        said = subprocess.run([mpiexec, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return "other"
+    return "hydra" if "HYDRA" in said else "openmpi" if "Open MPI" in said else "other"
+
+
+def stop_signal(mpiexec: str) -> signal.Signals:
+    """The signal that asks a job started by ``mpiexec`` to save and stop: hydra passes SIGTERM on
+    to its ranks; Open MPI's launcher answers SIGTERM by killing them at once and passes SIGUSR1 on."""
+    return signal.SIGUSR1 if launcher_family(mpiexec) == "openmpi" else signal.SIGTERM
+
+
+def signal_and_wait(job: subprocess.Popen, signum: int, timeout: float) -> tuple[str, str, float] | None:
+    """Send ``signum`` to ``job`` and wait for it to end: its stdout, its stderr and the seconds
+    taken; None (the job killed) if it was still running after ``timeout`` seconds."""
+    start = time.perf_counter()
+    job.send_signal(signum)
+    try:
+        out, err = job.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        job.kill()
+        job.wait()
+        return None
+    return out or "", err or "", time.perf_counter() - start
