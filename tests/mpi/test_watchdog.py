@@ -40,6 +40,12 @@ def test_a_late_rank_is_named_with_where_it_was(comm):
         return
     assert everyone[late] == [], "the late rank never waited"
     texts = [t for r in everyone for t in r]
+    # Oversubscribed and loaded (3 ranks on 2 busy cores), the barrier itself can outlast 0.5 s with
+    # every rank inside it: that is the "slow network" report, true and harmless here, so it is set
+    # aside; every other report must be about the late rank's all-reduce.
+    slow = [t for t in texts if "(call #1)" in t]
+    assert all("every rank has started this call" in t for t in slow), slow
+    texts = [t for t in texts if t not in slow]
     assert texts, "nobody reported the stall"
     host = socket.gethostname()
     for text in texts:
