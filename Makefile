@@ -130,7 +130,7 @@ test-mpirun: venv
 	PATH="$(BIN):$$PATH" mpirun -n 2 pytest --with-mpi
 
 test-integration: venv
-	$(PY) -m pytest -q --timeout=$(TEST_TIMEOUT) --durations=10 tests/integration
+	$(PY) -m pytest -q --timeout=$(TEST_TIMEOUT) --durations=40 tests/integration
 
 # GPU tests, on a host with CUDA (a CUDA build of torch: TORCH_BUILD=cuda or auto): one process, then one
 # rank per GPU. Without a GPU every test skips and the target succeeds.
