@@ -288,15 +288,21 @@ def check_size(n: int, world_size: int, batch_size: int) -> int:
     return n // need
 
 
-def global_batches(n: int, world_size: int, batch_size: int, epoch: int, seed: int) -> torch.Tensor:
-    """Indices of shape ``(steps, R, B)``: step ``s`` of this epoch gives rank ``r`` row ``[s, r]``."""
-    steps = check_size(n, world_size, batch_size)
+def global_batches(n: int, world_size: int, batch_size: int, epoch: int, seed: int, offset: int = 0) -> torch.Tensor:
+    """Indices of shape ``(steps, R, B)``: step ``s`` of this epoch gives rank ``r`` row ``[s, r]``.
+
+    The permutation depends on ``(n, epoch, seed)`` only, so an epoch cut short at one world size
+    goes on at another from sample ``offset`` of the same permutation (a resume, which may leave
+    fewer than one global batch: then no steps)."""
+    steps = check_size(n, world_size, batch_size) if offset == 0 else max(0, n - offset) // (world_size * batch_size)
     g = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
     perm = torch.randperm(n, generator=g)
-    return perm[: steps * world_size * batch_size].view(steps, world_size, batch_size)
+    return perm[offset : offset + steps * world_size * batch_size].view(steps, world_size, batch_size)
 
 
-def rank_batches(n: int, rank: int, world_size: int, batch_size: int, epoch: int, seed: int) -> torch.Tensor:
+def rank_batches(
+    n: int, rank: int, world_size: int, batch_size: int, epoch: int, seed: int, offset: int = 0
+) -> torch.Tensor:
     """This rank's share of the epoch: ``(steps, B)`` sample indices, ``steps = n // (R*B)``.
 
     Row ``s`` is the ``B`` indices rank ``r`` trains on in step ``s``. Every rank calling it with
@@ -305,4 +311,4 @@ def rank_batches(n: int, rank: int, world_size: int, batch_size: int, epoch: int
     global batch one process would draw with ``rank_batches(n, 0, 1, R*B, epoch, seed)``.
     ValueError if ``n < R*B`` (see :func:`check_size`).
     """
-    return global_batches(n, world_size, batch_size, epoch, seed)[:, rank]
+    return global_batches(n, world_size, batch_size, epoch, seed, offset)[:, rank]

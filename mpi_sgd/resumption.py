@@ -19,8 +19,8 @@ from .convergence import Convergence
 
 def save(trainer, directory: str) -> None:
     """Checkpoint ``trainer`` (a :class:`~mpi_sgd.trainer.Trainer`) into ``directory``: a collective."""
-    progress = Progress(trainer.epoch, trainer.step_in_epoch, trainer.step)
     t = trainer
+    progress = Progress(t.epoch, t.step_in_epoch, t.step, t.epoch_offset, t.comm.size, t.cfg.batch_size)
     save_training(directory, t.comm, t.model, t.optimizer, t.amp, t.cfg, progress, t.conv.schedule)
 
 
@@ -38,9 +38,13 @@ def load(trainer, path: str, auto: bool | str = False, given=frozenset()) -> str
     found = resume(path, t.comm, t.model, t.optimizer, t.amp, t.cfg, auto)
     if found is None:
         return None
-    path, at, saved = found
+    path, was, saved = found
     _settings(t, saved, given)
-    t.epoch, t.step_in_epoch, t.step = at.epoch, at.step_in_epoch, at.step
+    n, size, batch = len(t.dataset), t.comm.size, t.cfg.batch_size
+    at = carry_on(was, n, size, batch)
+    if (was.world_size, was.batch_size) != (size, batch) and t.comm.is_root:
+        print(resize_notice(was, at, n, size, batch), flush=True)
+    t.epoch, t.step_in_epoch, t.step, t.epoch_offset = at.epoch, at.step_in_epoch, at.step, at.offset
     if t.epoch >= t.cfg.epochs or t._done():
         limit = f"--epochs {t.cfg.epochs}" + (f" --max-steps {t.cfg.max_steps}" if t.cfg.max_steps else "")
         raise CheckpointError(
@@ -48,6 +52,35 @@ def load(trainer, path: str, auto: bool | str = False, given=frozenset()) -> str
             f"with {limit}; raise {'them' if t.cfg.max_steps else 'it'} to train on"
         )
     return path
+
+
+def carry_on(at: Progress, n: int, world_size: int, batch_size: int) -> Progress:
+    """``at`` (a checkpoint's progress) as a run of ``world_size`` ranks and ``batch_size`` samples per
+    rank goes on from it over ``n`` samples: unchanged at the same R and B; otherwise the epoch it
+    interrupted goes on at the new global batch from the first sample not yet trained, or, if fewer
+    than one global batch is left of it, the next epoch starts."""
+    if (at.world_size, at.batch_size) == (world_size, batch_size):
+        return at
+    done = at.samples_in_epoch
+    if done and n - done >= world_size * batch_size:
+        return Progress(at.epoch, 0, at.step, done, world_size, batch_size)
+    return Progress(at.epoch + (done > 0), 0, at.step, 0, world_size, batch_size)
+
+
+def resize_notice(saved: Progress, now: Progress, n: int, world_size: int, batch_size: int) -> str:
+    """One line: the global batch before and after, and where the interrupted epoch goes on."""
+    was, new = saved.world_size * saved.batch_size, world_size * batch_size
+    text = (
+        f"resuming at a global batch of {new} ({world_size} ranks x {batch_size}) from a checkpoint made at "
+        f"{was} ({saved.world_size} x {saved.batch_size})"
+    )
+    done = saved.samples_in_epoch
+    if not done:
+        return text + f"; epoch {now.epoch} starts afresh"
+    if now.offset:
+        return text + f"; epoch {now.epoch} goes on from sample {done} of {n}"
+    left = f"; epoch {saved.epoch} had {n - done} of {n} samples left, fewer than one global batch"
+    return text + f"{left}: epoch {now.epoch} starts"
 
 
 def _settings(t, saved: dict, given) -> None:

@@ -73,6 +73,7 @@ class Trainer:
         self.dataset, self.val = dataset, val
         self.steps_per_epoch = data.check_size(len(dataset), comm.size, cfg.batch_size)
         self.epoch = self.step_in_epoch = self.step = 0
+        self.epoch_offset = 0  # samples of this epoch trained before its steps began (a resume at another R)
         self.skipped = 0  # steps left out by --on-nonfinite skip
         self.skipped_in_a_row, self._last_skipped = 0, -1
         self.t_comp: list[float] = []
@@ -140,7 +141,9 @@ class Trainer:
 
     def _run_epoch(self, epoch: int) -> None:
         cfg, comm = self.cfg, self.comm
-        batches = data.rank_batches(len(self.dataset), comm.rank, comm.size, cfg.batch_size, epoch, cfg.seed)
+        n, offset = len(self.dataset), self.epoch_offset  # offset: see resumption.carry_on
+        batches = data.rank_batches(n, comm.rank, comm.size, cfg.batch_size, epoch, cfg.seed, offset)
+        self.steps_this_epoch = len(batches)
         # On the data's device, as train_step's are: NCCL reduces only GPU tensors.
         stats = torch.zeros(3, dtype=torch.float64, device=self.dataset.x.device)
         started = time.perf_counter()
@@ -148,7 +151,7 @@ class Trainer:
         # output reaches the terminal through a pipe, so the default shows none: --progress forces it).
         show = cfg.progress if cfg.progress is not None else sys.stderr.isatty()
         bar = tqdm(
-            range(self.step_in_epoch, self.steps_per_epoch),
+            range(self.step_in_epoch, self.steps_this_epoch),
             desc=f"epoch {epoch}",
             leave=False,
             disable=not (comm.is_root and show),
@@ -166,7 +169,7 @@ class Trainer:
                 self._score_target()
             self.signalled = self.preemption.agreed(self.step) if self.preemption else 0  # SIGTERM, SIGUSR1
             every = cfg.checkpoint_every
-            if cfg.checkpoint and every and self.step % every == 0 and s + 1 < self.steps_per_epoch:
+            if cfg.checkpoint and every and self.step % every == 0 and s + 1 < self.steps_this_epoch:
                 self._save_checkpoint(cfg.checkpoint)  # (the epoch's end saves anyway)
             if self._done():
                 break
@@ -255,8 +258,8 @@ class Trainer:
         with Preemption(self.comm, self.dataset.x.device) as self.preemption:
             while self.epoch < cfg.epochs and not self._done():
                 self._run_epoch(self.epoch)
-                if self.step_in_epoch == self.steps_per_epoch:
-                    self.epoch, self.step_in_epoch = self.epoch + 1, 0
+                if self.step_in_epoch == self.steps_this_epoch:
+                    self.epoch, self.step_in_epoch, self.epoch_offset = self.epoch + 1, 0, 0
                 if cfg.checkpoint:  # after each epoch, and the step a signal stopped at
                     self.comm.where("checkpoint")
                     self._save_checkpoint(cfg.checkpoint)

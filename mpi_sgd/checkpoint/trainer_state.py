@@ -26,11 +26,22 @@ TRAINER_KEYS = ("model", "optimizer", "epoch", "step_in_epoch", "step", "world_s
 
 @dataclass(frozen=True)
 class Progress:
-    """Where the training loop stands: the epoch, steps done in it, and optimizer steps in all."""
+    """Where the training loop stands: the epoch, steps done in it, and optimizer steps in all;
+    ``offset``: samples of the epoch trained before its steps began (by a run at another world
+    size), ``world_size`` and ``batch_size``: the run's R and B, which say how many samples a
+    step in the epoch took."""
 
     epoch: int
     step_in_epoch: int
     step: int
+    offset: int = 0
+    world_size: int = 1
+    batch_size: int = 1
+
+    @property
+    def samples_in_epoch(self) -> int:
+        """How far into the epoch's permutation of the samples the run has got."""
+        return self.offset + self.step_in_epoch * self.world_size * self.batch_size
 
 
 def save_training(directory: str, comm, model, optimizer, amp, cfg, progress: Progress, schedule=None) -> None:
@@ -70,6 +81,7 @@ def _writer(directory: str, comm, model_state, optimizer_state, rng, amp, cfg, p
         "epoch": progress.epoch,
         "step_in_epoch": progress.step_in_epoch,
         "step": progress.step,
+        "epoch_offset": progress.offset,
         "world_size": comm.size,
         "rng": rng,
         "amp": amp.state_dict(),
@@ -116,16 +128,15 @@ def resume(path: str, comm, model, optimizer, amp, cfg, auto: bool | str = False
     state, meta, path = found
     restore(state, model, optimizer, path, meta, asdict(cfg))
     amp.load_state_dict(state.get("amp"))
-    progress = Progress(state["epoch"], state["step_in_epoch"], state["step"])
+    saved_batch = ((meta or {}).get("config") or {}).get("batch_size", cfg.batch_size)
+    at = (state["epoch"], state["step_in_epoch"], state["step"], state.get("epoch_offset", 0))
+    progress = Progress(*at, world_size=state["world_size"], batch_size=saved_batch)
     if state["world_size"] == comm.size:
         torch.set_rng_state(state["rng"][comm.rank].clone())
     else:
-        # A different world size: training goes on correctly but not bit for bit. Each rank gets a
-        # fresh dropout stream, and an epoch cut at the old R*B cannot be continued at the new one,
-        # so an interrupted epoch is left and the next one starts.
+        # A different world size: training goes on correctly but not bit for bit: each rank gets a
+        # fresh dropout stream (the caller carries an interrupted epoch on at the new R*B).
         torch.manual_seed(cfg.seed + comm.rank + 1_000_003 * progress.step)
-        if progress.step_in_epoch:
-            progress = Progress(progress.epoch + 1, 0, progress.step)
     # a checkpoint from before schedules: the rules restart at its step
     schedule = state.get("schedule") or {"step": progress.step, "tau": float(progress.step)}
     return path, progress, {"config": (meta or {}).get("config") or {}, "schedule": schedule}

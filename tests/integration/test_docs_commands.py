@@ -52,6 +52,12 @@ def scratch(tmp_path_factory) -> Path:
     for entry in ROOT.iterdir():
         if entry.name not in SKIP_IN_SCRATCH and not entry.name.endswith(".egg-info"):
             (root / entry.name).symlink_to(entry)
+    # The pages say `source .venv/bin/activate`; under another MPI (make test MPI=openmpi) the
+    # project's environment is that MPI's venv, so the copy's .venv is it.
+    running = Path(sys.prefix)
+    if running.resolve() != (ROOT / ".venv").resolve() and (running / "bin" / "activate").exists():
+        (root / ".venv").unlink(missing_ok=True)
+        (root / ".venv").symlink_to(running)
     for page in pages.pages():  # a script a page shows, saved under the name its launch line gives
         for block in pages.blocks(page):
             if block.lang == "python":

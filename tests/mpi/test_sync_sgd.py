@@ -176,3 +176,48 @@ def test_metrics_split_step_time(comm):
     if comm.is_root:
         assert len(metrics["t_comp"]) == comm.size and len(metrics["t_comp"][0]) == STEPS
         assert metrics["effective_batch"] == comm.size * B
+
+
+def test_resume_at_another_global_batch_goes_on_mid_epoch(comm):
+    """A checkpoint of step 2 of a 4-step epoch at R ranks x B resumes at R' = R - 1 ranks (at R = 1:
+    the same rank at B + 1), and trains the rest of that epoch from the first sample not yet trained:
+    one process replaying the same global batches (steps 1-2 at R*B, then the epoch's remaining
+    samples in batches of R'*B', then the next epoch) ends with the same parameters (1e-12, as above)."""
+    from mpi4py import MPI
+
+    from mpi_sgd.comm.backends.mpi import MPIComm
+
+    R, n = comm.size, 4 * comm.size * B + 5
+    ds = data.toy_regression(num_samples=n, input_size=12, seed=1).to(torch.float64)
+    folder = comm.bcast_obj(tempfile.mkdtemp(prefix="mpi-sgd-resize-") if comm.is_root else None)
+    path = os.path.join(folder, "ckpt")
+    distributed(comm, train_config(max_steps=2, epochs=3, checkpoint=path), ds).train()
+    size, batch = (R - 1, B) if R > 1 else (1, B + 1)
+    sub = comm.comm.Split(0 if comm.rank < size else MPI.UNDEFINED, comm.rank)
+    if sub != MPI.COMM_NULL:
+        small = MPIComm(sub)
+        cfg = train_config(max_steps=9, epochs=3, batch_size=batch)
+        second = distributed(small, cfg, ds)
+        second.load_checkpoint(path)
+        assert (second.epoch, second.step_in_epoch, second.epoch_offset) == (0, 0, 2 * R * B)
+        second.train()
+        # the reference: plain torch, one process, every global batch of both runs in turn
+        torch.manual_seed(cfg.seed)
+        model = build_model(cfg.model, tuple(ds.x.shape[1:]), ds.num_outputs).double()
+        opt = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum)
+        first = data.global_batches(n, R, B, 0, cfg.seed)[:2]
+        rest = data.global_batches(n, size, batch, 0, cfg.seed, offset=2 * R * B)
+        after = [data.global_batches(n, size, batch, e, cfg.seed) for e in (1, 2)]
+        batches = [*first, *rest, *after[0], *after[1]][: cfg.max_steps]
+        assert len(batches) == cfg.max_steps  # the test reaches into the next epoch
+        for idx in batches:
+            idx = idx.reshape(-1)
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(model(ds.x[idx]), ds.y[idx]).backward()
+            opt.step()
+        torch.testing.assert_close(flat_params(second.model), flat_params(model), rtol=RTOL, atol=ATOL)
+        assert second.epoch == 1 + (len(first) + len(rest) + len(after[0]) < cfg.max_steps)
+        sub.Free()
+    comm.barrier()
+    if comm.is_root:
+        shutil.rmtree(folder)
