@@ -20,9 +20,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 
-def env_flag(name: str, environ: Mapping[str, str] | None = None) -> bool:
-    """A yes/no switch from the environment: unset, '', 0, false, no and off mean no."""
-    value = (os.environ if environ is None else environ).get(name, "")
+def env_flag(name: str, environ: Mapping[str, str] | None = None, default: bool = False) -> bool:
+    """A yes/no switch from the environment: '', 0, false, no and off mean no; unset: ``default``."""
+    value = (os.environ if environ is None else environ).get(name)
+    if value is None:
+        return default
     return value.strip().lower() not in ("", "0", "false", "no", "off")
 
 
@@ -127,6 +129,7 @@ def install_abort_hook(comm) -> None:
     """
 
     def hook(kind, value, tb):
+        lost = peer_lost(str(value))
         if issubclass(kind, JobError):
             text = f"{value}\n"
         else:
@@ -134,14 +137,20 @@ def install_abort_hook(comm) -> None:
         if comm.size == 1:  # nobody to wait for: report and let the process exit with status 1
             sys.stderr.write(text)
             return
-        sys.stderr.write(
-            f"mpi_sgd: rank {comm.rank} of {comm.size} on {socket.gethostname()} failed; aborting the job.\n{text}"
-        )
+        where = f"rank {comm.rank} of {comm.size} on {socket.gethostname()}"
+        if lost:  # this rank is the witness, not the cause: say so, and let the launcher name the dead one
+            sys.stderr.write(
+                f"mpi_sgd: {where} lost its connection to another rank ({lost}); that rank has most "
+                "likely died (the launcher names it); aborting the job.\n"
+            )
+        else:
+            sys.stderr.write(f"mpi_sgd: {where} failed; aborting the job.\n{text}")
         sys.stderr.flush()
         # The launcher forwards our stderr through a pipe; MPI_Abort tears that down at once,
         # and under load the message could be lost before it is forwarded. A moment's grace
-        # costs nothing next to a job that is ending anyway.
-        time.sleep(0.5)
+        # costs nothing next to a job that is ending anyway. A witness waits longer, so that the
+        # launcher notices the dead rank before this one's abort.
+        time.sleep(PEER_LOST_GRACE_S if lost else 0.5)
         comm.abort(1)
 
     sys.excepthook = hook
@@ -150,6 +159,17 @@ def install_abort_hook(comm) -> None:
         and signal.getsignal(signal.SIGINT) is signal.default_int_handler
     ):
         signal.signal(signal.SIGINT, lambda *_: interrupted(comm.rank))
+
+
+PEER_LOST_GRACE_S = 2.0
+# What gloo (and TCP under it) says when the other end of a connection is gone.
+_PEER_LOST = re.compile(r"(Connection (closed|reset) by peer|Broken pipe)[^\n]*")
+
+
+def peer_lost(text: str) -> str | None:
+    """The phrase of ``text`` (an exception's) that says a peer's connection closed, or None."""
+    found = _PEER_LOST.search(text)
+    return found.group(0).strip() if found else None
 
 
 def interrupted(rank: int) -> None:

@@ -42,17 +42,24 @@ def explain_death(output: str) -> str | None:
     if ompi:  # Open MPI's prterun names the rank itself
         return "rank {} (pid {} on {}) killed by signal {}".format(*ompi.groups())
     line = re.search(rf"^{re.escape(PROCESSES)} (.*)$", output, re.M)
-    dead = re.search(r"PID (\d+) RUNNING AT (\S+)", output)
-    if not line or not dead:
+    if not line:
         return None
-    ranks = dict(re.findall(r"rank (\d+) = pid (\d+) on ", line.group(1)))
-    by_pid = {pid: rank for rank, pid in ranks.items()}
-    if dead.group(1) not in by_pid:
+    by_pid = {pid: rank for rank, pid in re.findall(r"rank (\d+) = pid (\d+) on ", line.group(1))}
+    # One block per process hydra saw end badly. A killed rank's peers may end too (a gloo peer
+    # sees its connection close and aborts), so the block of the killed one is chosen, not the first.
+    dead = [
+        (pid, host, code)
+        for pid, host, code in re.findall(r"PID (\d+) RUNNING AT (\S+)\s*\n=?\s*EXIT CODE: (\d+)", output)
+        if pid in by_pid
+    ] or [(pid, host, None) for pid, host in re.findall(r"PID (\d+) RUNNING AT (\S+)", output) if pid in by_pid]
+    if not dead:
         return None
     signal = re.search(r"EXIT STRING: .*\(signal (\d+)\)", output)
-    code = re.search(r"EXIT CODE: (\d+)", output)
-    how = f"killed by signal {signal.group(1)}" if signal else f"exited with status {code.group(1) if code else '?'}"
-    return f"rank {by_pid[dead.group(1)]} (pid {dead.group(1)} on {dead.group(2)}) {how}"
+    killed = [d for d in dead if signal and d[2] == signal.group(1)]
+    pid, host, code = (killed or dead)[0]
+    by_signal = killed or (signal and code is None)
+    how = f"killed by signal {signal.group(1)}" if by_signal else f"exited with status {code or '?'}"
+    return f"rank {by_pid[pid]} (pid {pid} on {host}) {how}"
 
 
 def launcher_family(mpiexec: str) -> str:

@@ -6,6 +6,8 @@ For each power-of-two message size it times, interleaved in one run (see :mod:`.
 * ``seam`` ``comm.allreduce(tensor)`` on a torch tensor from :func:`mpi_sgd.comm.buffers.zeros`,
   as the trainer's gradient buffers are (``seam-torchalloc``: on torch's own allocator, which
   gets no huge pages; see that function for why that costs time on large messages);
+* ``seam-checked`` the same through the per-call argument check that jobs run with
+  (:mod:`mpi_sgd.comm.wrappers.callcheck`): its cost is the ``check cost`` column;
 * ``ring`` :func:`mpi_sgd.collectives.ring_allreduce`, the teaching ring over send/recv;
 * ``gloo`` ``torch.distributed.all_reduce`` with gloo (and ``nccl`` on GPUs when present).
 
@@ -30,7 +32,7 @@ from ..comm.buffers import zeros
 from ..report import Output, human_bytes, markdown_table, plot_by_size, save_results
 from ..timing import osu_iterations, time_interleaved
 
-IMPLS = ("raw", "seam", "seam-torchalloc", "ring", *TORCH_BACKENDS)
+IMPLS = ("raw", "seam", "seam-checked", "seam-torchalloc", "ring", *TORCH_BACKENDS)
 
 
 @dataclass(frozen=True)
@@ -38,7 +40,7 @@ class Flags(Output):
     min_bytes: int = flag(4, "smallest message", byte_size)
     max_bytes: int = flag(64 << 20, "largest message", byte_size)
     impls: list = flag(
-        ["raw", "seam", "ring", "gloo"],
+        ["raw", "seam", "seam-checked", "ring", "gloo"],
         f"comma-separated implementations to time: {','.join(IMPLS)}",
         choices_list(IMPLS, "implementation"),
     )
@@ -72,7 +74,7 @@ def bus_factor(p: int) -> float:
     return 2 * (p - 1) / p
 
 
-def _calls(comm, peers: dict[str, Communicator], impls, nbytes: int):
+def _calls(comm, peers: dict[str, Communicator], impls, nbytes: int, checked=None):
     """One zero-filled float32 buffer per implementation; zeros keep sums finite forever."""
     from mpi4py import MPI
 
@@ -85,6 +87,9 @@ def _calls(comm, peers: dict[str, Communicator], impls, nbytes: int):
         elif name == "seam":
             t = zeros(n)
             calls[name] = lambda t=t: comm.allreduce(t)
+        elif name == "seam-checked":
+            t = zeros(n)
+            calls[name] = lambda t=t: checked.allreduce(t)
         elif name == "seam-torchalloc":  # the same, on memory from torch's own allocator
             t = torch.zeros(n)
             calls[name] = lambda t=t: comm.allreduce(t)
@@ -103,7 +108,10 @@ def run(
 ):
     """Sweep the sizes; returns one dict per (size, impl) with seconds and bandwidths."""
     from ..comm.backends.torch_dist import TorchDistComm
+    from ..comm.wrappers.callcheck import CallCheck
 
+    comm = comm.inner if isinstance(comm, CallCheck) else comm  # seam: the backend alone
+    checked = CallCheck(comm) if "seam-checked" in impls else None
     peers = {name: TorchDistComm(name, comm) for name in impls if name in TORCH_BACKENDS}
     sync = torch.cuda.synchronize if "nccl" in peers else None
     rows = []
@@ -111,7 +119,7 @@ def run(
         osu_iters, osu_warm = osu_iterations(nbytes)
         stats = time_interleaved(
             comm,
-            _calls(comm, peers, impls, nbytes),
+            _calls(comm, peers, impls, nbytes, checked),
             iterations or osu_iters,
             osu_warm if warmup is None else warmup,
             rounds,
@@ -140,6 +148,8 @@ def summary_table(rows, impls) -> str:
     headers = ["size"] + [f"{i} us" for i in impls]
     if "raw" in impls and "seam" in impls:
         headers += ["seam/raw", "overhead us"]
+    if "seam-checked" in impls and "seam" in impls:
+        headers.append("check cost %")
     headers.append("busbw GB/s (" + ("raw" if "raw" in impls else impls[0]) + ")")
     out = []
     for nbytes in sorted({r["bytes"] for r in rows}):
@@ -147,6 +157,8 @@ def summary_table(rows, impls) -> str:
         row = [human_bytes(nbytes)] + [t[i] * 1e6 for i in impls]
         if "raw" in impls and "seam" in impls:
             row += [f"{t['raw'] / t['seam']:.3f}", (t["seam"] - t["raw"]) * 1e6]
+        if "seam-checked" in impls and "seam" in impls:
+            row.append(f"{(t['seam-checked'] / t['seam'] - 1) * 100:+.1f}")
         row.append(by[nbytes, "raw" if "raw" in impls else impls[0]]["busbw_GBps"])
         out.append(row)
     return markdown_table(headers, out)
@@ -183,6 +195,24 @@ def overhead_note(rows, threshold=64 << 10) -> str:
     return "; ".join(parts)
 
 
+def check_note(rows) -> str:
+    """The per-call argument check's cost against the project's targets: at most 5% at 4 KiB and 1%
+    from 1 MiB up (median over the sizes there), each "met" or "not met here" with the figure."""
+    by = {(r["bytes"], r["impl"]): r["avg_s"] for r in rows}
+    cost = {b: by[b, "seam-checked"] / by[b, "seam"] - 1 for b, i in by if i == "seam" and (b, "seam-checked") in by}
+    parts = []
+    if 4096 in cost:
+        c = cost[4096]
+        parts.append(f"at 4 KiB {c * 100:+.1f}% (project target <= 5%: {'met' if c <= 0.05 else 'not met here'})")
+    large = [c for b, c in cost.items() if b >= 1 << 20]
+    if large:
+        c = float(np.median(large))
+        parts.append(
+            f"from 1 MiB median {c * 100:+.1f}% (project target <= 1%: {'met' if c <= 0.01 else 'not met here'})"
+        )
+    return ("per-call argument check: " + "; ".join(parts)) if parts else ""
+
+
 def plot(rows, impls, path) -> None:
     series = {}
     for impl in impls:
@@ -199,6 +229,8 @@ def main(comm, args: Flags) -> int:
         print(summary_table(rows, impls))
         if "raw" in impls and "seam" in impls:
             print("\n" + overhead_note(rows))
+        if "seam" in impls and "seam-checked" in impls and check_note(rows):
+            print(check_note(rows))
         if args.detail:
             for impl in impls:
                 print(f"\n## {impl}\n" + detail_table(rows, impl))

@@ -46,6 +46,8 @@ def init(
     waits in one call ``stall_timeout`` seconds (default ``MPI_SGD_STALL_TIMEOUT``, else 60; 0: no
     watchdog), names the missing ranks and aborts (``stall_abort``: see the watchdog). With
     ``MPI_SGD_FAULT`` set, a :class:`~mpi_sgd.comm.wrappers.faults.FaultComm` goes around it all.
+    The mpi4py backend's reductions are checked across ranks as they run
+    (:class:`~mpi_sgd.comm.wrappers.callcheck.CallCheck`; ``MPI_SGD_CALL_CHECK=0``: not).
     """
     from ..launch import check_world, env_flag, env_seconds, install_abort_hook
 
@@ -61,6 +63,10 @@ def init(
         comm = MPIComm()
         check_world(comm.size)  # srun without PMI: N singletons that would each train alone
         if backend == "mpi4py":
+            if comm.size > 1 and env_flag("MPI_SGD_CALL_CHECK", default=True):
+                from .wrappers.callcheck import CallCheck
+
+                comm = CallCheck(comm)  # reductions whose ranks disagree raise, never return a wrong sum
             comm = _for_gpus(comm)
         else:
             from .backends.torch_dist import TorchDistComm

@@ -54,3 +54,12 @@ def test_env_flag(value, on):
 
     assert env_flag("X", {"X": value}) is on
     assert env_flag("X", {}) is False
+
+
+def test_a_rank_that_lost_its_peer_is_told_from_one_that_failed():
+    from mpi_sgd.launch import peer_lost
+
+    gloo = "[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer [10.0.0.2]:4931"
+    assert peer_lost(gloo) == "Connection closed by peer [10.0.0.2]:4931"
+    assert peer_lost("Read error [127.0.0.1]:6000: Connection reset by peer") == "Connection reset by peer"
+    assert peer_lost("training diverged: the loss is nan") is None

@@ -217,3 +217,17 @@ def test_negative_stall_flags_are_refused(flag):
 
     with pytest.raises(ValueError, match=f"--{flag.replace('_', '-')} must be 0 or more seconds"):
         TrainConfig(**{flag: -1.0})
+
+
+def test_the_killed_rank_is_named_when_its_peer_ended_too():
+    from mpi_sgd.launchers import explain_death
+
+    # A gloo peer sees the connection close and aborts: hydra may report it before the killed rank.
+    both = HYDRA.replace(
+        "=   BAD TERMINATION",
+        "=   BAD TERMINATION OF ONE OF YOUR APPLICATION PROCESSES\n=   PID 4100 RUNNING AT a\n=   EXIT CODE: 1\n"
+        "=   BAD TERMINATION",
+        1,
+    )
+    assert both.index("PID 4100") < both.index("PID 4242")
+    assert explain_death(both) == "rank 1 (pid 4242 on b) killed by signal 9"

@@ -1,0 +1,115 @@
+"""Every reduction checked before its result can be read: ranks that disagree on length, dtype or op
+get one error naming each rank's call, never a wrong sum.
+
+MPI trusts its callers. Two ranks that enter one ``Allreduce`` with 5 and 6 floats get, depending
+on the algorithm MPI picks, a "message truncated" error on one rank, a wrong sum with no error at
+all, or a hang; ``Iallreduce`` never notices. The watchdog's running CRC finds such a call after
+the fact (:mod:`.watchdog`), and debug mode (:mod:`.checked`) finds it before the call, at the
+price of a blocking exchange of pickled objects per call.
+
+:class:`CallCheck` does it with one tiny all-reduce per call on a duplicate of the
+communicator: each rank contributes ``(h, -h)`` under ``MAX``, ``h`` a 31-bit code of the call's
+name, element count, dtype and op, so every rank learns ``max h`` and ``min h`` at once. If they
+differ, the ranks exchange their calls (on the duplicate, where the broken call cannot get in the
+way) and every rank raises :class:`~mpi_sgd.comm.errors.CollectiveMismatchError` naming each rank's
+length, dtype and op, so MPI never sees the mismatched call and never gets to say "Message
+truncated". A blocking call waits for the check before it starts: with mismatched lengths it
+might never return (MPICH's shared-memory algorithms can wait for bytes that never come). A
+non-blocking call starts both, and ``wait()`` settles the check before the call, so the check's
+latency hides behind the caller's overlap. Ranks that make a different *number* of calls are a
+stall, which the watchdog names.
+
+It covers the reductions, whose results a caller reads (``allreduce``, ``iallreduce``,
+``reduce_scatter``, ``ireduce_scatter``), on the mpi4py backend; torch's backends check lengths
+themselves (gloo aborts with ``op.preamble.length <= op.nbytes``). Its cost is measured by
+``mpi-sgd bench allreduce --impls seam,seam-checked``; ``MPI_SGD_CALL_CHECK=0`` turns it off.
+A 31-bit code can collide: two different calls that share a code (odds about 1 in 2**31) pass.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import numpy as np
+
+from ..base import Request
+from ..errors import CollectiveMismatchError
+from .wrapper import CommWrapper
+
+
+class CallCheck(CommWrapper):
+    """``inner`` (an MPI backend: it has ``comm``) with every reduction's arguments compared across
+    ranks, overlapped with the reduction, before its result is handed back."""
+
+    def __init__(self, inner):
+        super().__init__(inner)
+        from mpi4py import MPI
+
+        self._MPI = MPI
+        self.side = inner.comm.Dup()  # the checks' own order of calls, apart from the job's
+        self.calls = 0
+        self._codes: dict = {}
+
+    def _code(self, name: str, buf, op: str) -> tuple[int, str]:
+        key = (name, buf.numel(), buf.dtype, op)
+        found = self._codes.get(key)
+        if found is None:
+            text = f"{name} of {buf.numel()} {str(buf.dtype).replace('torch.', '')}, op {op}"
+            found = self._codes[key] = (zlib.crc32(text.encode()) & 0x7FFFFFFF, text)
+        return found
+
+    def _start(self, name: str, buf, op: str):
+        self.calls += 1
+        code, text = self._code(name, buf, op)
+        word = np.array([code, -code], dtype=np.int64)
+        req = self.side.Iallreduce(self._MPI.IN_PLACE, [word, self._MPI.INT64_T], self._MPI.MAX)
+        return req, word, f"{text} (call #{self.calls})"
+
+    def _finish(self, check) -> None:
+        """Wait for the check; on disagreement every rank raises the same message."""
+        req, word, mine = check
+        req.Wait()
+        if word[0] == -word[1]:
+            return
+        everyone = self.side.allgather(mine)
+        differ = [str(r) for r, call in enumerate(everyone) if call != everyone[0]]
+        lines = "\n".join(f"  rank {r}: {call}" for r, call in enumerate(everyone))
+        raise CollectiveMismatchError(
+            f"rank{'s' if len(differ) > 1 else ''} {', '.join(differ)} made a different reduction from rank 0's "
+            f"(length, dtype or op); the call was not completed:\n{lines}"
+        )
+
+    def _blocking(self, name, buf, op, call, *args):
+        # The check first: a blocking reduction with mismatched lengths may not return at all
+        # (MPICH's shared-memory algorithms wait for bytes that never come), so it is not started.
+        self._finish(self._start(name, buf, op))
+        return call(*args)
+
+    def _nonblocking(self, name, buf, op, call, *args) -> Request:
+        check = self._start(name, buf, op)
+        inner = call(*args)  # both in flight; wait() settles the check first, for the same reason
+
+        def wait(r):
+            self._finish(check)
+            r.wait()
+
+        def test(r):
+            if not check[0].Test():
+                return False
+            self._finish(check)
+            return r.test()
+
+        return Request(inner, wait, test)
+
+    def allreduce(self, buf, op="sum"):
+        return self._blocking("allreduce", buf, op, self.inner.allreduce, buf, op)
+
+    def iallreduce(self, buf, op="sum") -> Request:
+        return self._nonblocking("iallreduce", buf, op, self.inner.iallreduce, buf, op)
+
+    def reduce_scatter(self, sendbuf, recvbuf, counts=None, op="sum"):
+        return self._blocking("reduce_scatter", sendbuf, op, self.inner.reduce_scatter, sendbuf, recvbuf, counts, op)
+
+    def ireduce_scatter(self, sendbuf, recvbuf, counts=None, op="sum") -> Request:
+        call = self.inner.ireduce_scatter
+        return self._nonblocking("ireduce_scatter", sendbuf, op, call, sendbuf, recvbuf, counts, op)

@@ -1,0 +1,81 @@
+"""The per-call argument check (mpi_sgd/comm/wrappers/callcheck.py) in a real job: agreeing calls
+give the same sums as the bare backend; a reduction whose ranks disagree on length or op raises
+CollectiveMismatchError on every rank, naming each rank's call, before any result is returned.
+
+Each test makes its own duplicate of COMM_WORLD: after a mismatched call MPI's state for that
+communicator is undefined (MPICH may leave a partial message behind), so it is not used again."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from mpi4py import MPI
+
+from mpi_sgd.comm import CollectiveMismatchError
+from mpi_sgd.comm.backends.mpi import MPIComm
+from mpi_sgd.comm.wrappers.callcheck import CallCheck
+
+pytestmark = pytest.mark.mpi
+
+
+def fresh() -> CallCheck:
+    return CallCheck(MPIComm(MPI.COMM_WORLD.Dup()))
+
+
+@pytest.mark.parametrize("blocking", [True, False], ids=["allreduce", "iallreduce"])
+@pytest.mark.parametrize("n", [5, 3000, 70000])
+def test_agreeing_calls_sum_as_the_backend_does(blocking, n):
+    comm = fresh()
+    x = torch.arange(n, dtype=torch.float64) + comm.rank
+    if blocking:
+        comm.allreduce(x)
+    else:
+        comm.iallreduce(x).wait()
+    # small integers in float64: every order of addition gives the exact sum
+    want = comm.size * torch.arange(n, dtype=torch.float64) + comm.size * (comm.size - 1) / 2
+    assert torch.equal(x, want)
+    y = torch.full((7,), float(comm.rank))
+    comm.allreduce(y, "max")
+    assert torch.equal(y, torch.full((7,), float(comm.size - 1)))
+    assert comm.calls == 2
+
+
+@pytest.mark.parametrize("blocking", [True, False], ids=["allreduce", "iallreduce"])
+def test_a_rank_with_one_more_element_is_named_on_every_rank(blocking):
+    comm = fresh()
+    if comm.size == 1:
+        pytest.skip("needs two ranks to disagree")
+    last = comm.size - 1
+    x = torch.ones(6 if comm.rank == last else 5)
+    with pytest.raises(CollectiveMismatchError) as caught:
+        if blocking:
+            comm.allreduce(x)
+        else:
+            comm.iallreduce(x).wait()
+    text = str(caught.value)
+    name = "allreduce" if blocking else "iallreduce"
+    assert f"rank {last}: {name} of 6 float32, op sum (call #1)" in text
+    for r in range(last):
+        assert f"rank {r}: {name} of 5 float32, op sum (call #1)" in text
+
+
+def test_ranks_with_different_ops_are_named():
+    comm = fresh()
+    if comm.size == 1:
+        pytest.skip("needs two ranks to disagree")
+    x = torch.ones(4)
+    with pytest.raises(CollectiveMismatchError, match=r"rank 0: allreduce of 4 float32, op max"):
+        comm.allreduce(x, "max" if comm.rank == 0 else "sum")
+
+
+def test_each_part_of_a_split_checks_its_own_calls():
+    comm = fresh()
+    part = comm.split(comm.rank % 2, key=-comm.rank)  # the halves, each in reverse order
+    assert isinstance(part, CallCheck) and part.side is not comm.side
+    x = torch.ones(3)
+    part.allreduce(x)
+    assert torch.equal(x, torch.full((3,), float(part.size)))
+    if part.size > 1:
+        with pytest.raises(CollectiveMismatchError, match=r"rank 0: iallreduce of 4 float32"):
+            part.iallreduce(torch.ones(3 + (part.rank == 0))).wait()
+    assert comm.calls == 0  # the parent saw none of the part's calls
