@@ -11,7 +11,6 @@ WORLD_SIZE is set anywhere. `--backend gloo` runs the very same script over gloo
 At the end every rank checks that all replicas hold the same parameters, bit for bit.
 """
 
-import gc
 from dataclasses import dataclass
 
 import torch
@@ -81,10 +80,9 @@ if rank == 0:
     print(f"replicas identical on all {world_size} ranks: {same}")
     if not same:
         raise SystemExit("replicas differ: gradients were not averaged identically")
-# DDP holds the process group, and gloo's worker threads may still hold the last collective's
-# tensors. A worker that drops one while the interpreter shuts down aborts the process
-# ("terminate called without an active exception"), so release the model first: then
-# destroy_process_group ends those threads while Python is still alive.
-del model, optimizer
-gc.collect()
+# gloo's worker threads let go of a finished collective's tensors a moment after wait() returns;
+# if Python is already shutting down by then, the process aborts ("terminate called without an
+# active exception", pytorch/pytorch#190489). A barrier (a round trip to every rank, holding no
+# tensors) after the last collective gives them that moment while Python is still running.
+dist.barrier()
 dist.destroy_process_group()

@@ -134,6 +134,7 @@ PROBES |= {
             DIST + "all_reduce": lambda a, _: None,
             DIST + "all_gather": lambda a, _: [t.copy_(a["tensor"]) for t in a["tensor_list"]] and None,
             DIST + "destroy_process_group": lambda a, _: None,
+            DIST + "barrier": lambda a, _: None,
             "torch.nn.parallel.DistributedDataParallel": lambda a, _: a["module"],
             "torch.utils.data.DataLoader": "pass",
             "torch.optim.SGD": "pass",

@@ -85,13 +85,27 @@ def test_debug_mode_passes_agreeing_calls(comm):
 
 
 def test_debug_is_a_wrapper_only_when_asked_for(monkeypatch):
-    # Off, init returns the backend itself (the stall watchdog off too): debug mode costs nothing when unused.
+    # Off, init returns the backend itself (the stall watchdog and the per-call check off too):
+    # debug mode costs nothing when unused.
     monkeypatch.delenv("MPI_SGD_DEBUG", raising=False)
+    monkeypatch.setenv("MPI_SGD_CALL_CHECK", "0")
     assert type(init("mpi4py", abort_on_error=False, stall_timeout=0)) is MPIComm
     monkeypatch.setenv("MPI_SGD_DEBUG", "1")
     checked = init("mpi4py", abort_on_error=False, stall_timeout=0)
     assert type(checked) is CheckedComm and type(checked.inner) is MPIComm
     assert type(init("mpi4py", debug=False, abort_on_error=False, stall_timeout=0)) is MPIComm
+
+
+def test_the_per_call_check_is_on_by_default_when_ranks_can_disagree(monkeypatch):
+    from mpi_sgd.comm.wrappers.callcheck import CallCheck
+
+    monkeypatch.delenv("MPI_SGD_DEBUG", raising=False)
+    monkeypatch.delenv("MPI_SGD_CALL_CHECK", raising=False)
+    comm = init("mpi4py", abort_on_error=False, stall_timeout=0)
+    assert type(comm) is (CallCheck if comm.size > 1 else MPIComm)
+    x = torch.ones(3)
+    comm.allreduce(x)
+    assert x.tolist() == [float(comm.size)] * 3
 
 
 def test_the_stall_watchdog_is_on_by_default_when_there_is_someone_to_wait_for(monkeypatch):
@@ -101,7 +115,7 @@ def test_the_stall_watchdog_is_on_by_default_when_there_is_someone_to_wait_for(m
     if comm.size == 1:
         assert type(comm) is MPIComm
         return
-    assert type(comm) is Watchdog and type(comm.inner) is MPIComm and comm.timeout == 60
+    assert type(comm) is Watchdog and type(comm.inner.inner) is MPIComm and comm.timeout == 60
     comm.close()
     monkeypatch.setenv("MPI_SGD_STALL_TIMEOUT", "7.5")
     comm = init("mpi4py", abort_on_error=False)
