@@ -157,6 +157,11 @@ class MPIComm(Communicator):
             self._shm = SharedAllreduce(self.comm, self._node_size)
         return self._shm.alloc(n, dtype)
 
+    def checks_own_calls(self, buf) -> bool:
+        """Whether an all-reduce of ``buf`` compares the ranks' arguments itself: the node-shared
+        all-reduce does, before it reads anything (:mod:`mpi_sgd.comm.shm.stages`)."""
+        return self._shm is not None and self._shm.find(buf) is not None
+
     # -- collectives ----------------------------------------------------------------------
     def allreduce(self, buf, op="sum"):
         if self._shm is not None and (found := self._shm.find(buf)) is not None:

@@ -39,7 +39,7 @@ from .wrapper import CommWrapper
 
 class CallCheck(CommWrapper):
     """``inner`` (an MPI backend: it has ``comm``) with every reduction's arguments compared across
-    ranks, overlapped with the reduction, before its result is handed back."""
+    ranks before its result is handed back."""
 
     def __init__(self, inner):
         super().__init__(inner)
@@ -49,29 +49,41 @@ class CallCheck(CommWrapper):
         self.side = inner.comm.Dup()  # the checks' own order of calls, apart from the job's
         self.calls = 0
         self._codes: dict = {}
+        self._skip = getattr(inner, "checks_own_calls", None)  # the node-shared all-reduce checks itself
 
-    def _code(self, name: str, buf, op: str) -> tuple[int, str]:
-        key = (name, buf.numel(), buf.dtype, op)
+    def _word(self, name: str, buf, op: str) -> tuple:
+        """The call's description and its template ``(h, -h)``, made once per kind of call: a
+        dictionary lookup is what the common case costs."""
+        key = (name, buf.shape, buf.dtype, op)
         found = self._codes.get(key)
         if found is None:
             text = f"{name} of {buf.numel()} {str(buf.dtype).replace('torch.', '')}, op {op}"
-            found = self._codes[key] = (zlib.crc32(text.encode()) & 0x7FFFFFFF, text)
+            code = zlib.crc32(text.encode()) & 0x7FFFFFFF
+            found = self._codes[key] = (text, np.array([code, -code], dtype=np.int64))
         return found
 
-    def _start(self, name: str, buf, op: str):
+    def _start(self, name: str, buf, op: str, blocking: bool = False):
         self.calls += 1
-        code, text = self._code(name, buf, op)
-        word = np.array([code, -code], dtype=np.int64)
-        req = self.side.Iallreduce(self._MPI.IN_PLACE, [word, self._MPI.INT64_T], self._MPI.MAX)
-        return req, word, f"{text} (call #{self.calls})"
+        text, template = self._word(name, buf, op)
+        word = template.copy()
+        MPI = self._MPI
+        # Blocking, it is MPI's fastest small all-reduce; non-blocking, it can overlap the call.
+        if blocking:
+            self.side.Allreduce(MPI.IN_PLACE, [word, MPI.INT64_T], MPI.MAX)
+            req = None
+        else:
+            req = self.side.Iallreduce(MPI.IN_PLACE, [word, MPI.INT64_T], MPI.MAX)
+        return req, word, text
 
     def _finish(self, check) -> None:
         """Wait for the check; on disagreement every rank raises the same message."""
-        req, word, mine = check
-        req.Wait()
-        if word[0] == -word[1]:
+        req, word, text = check
+        if req is not None:
+            req.Wait()
+        high, low = word.tolist()
+        if high == -low:
             return
-        everyone = self.side.allgather(mine)
+        everyone = self.side.allgather(f"{text} (call #{self.calls})")
         differ = [str(r) for r, call in enumerate(everyone) if call != everyone[0]]
         lines = "\n".join(f"  rank {r}: {call}" for r, call in enumerate(everyone))
         raise CollectiveMismatchError(
@@ -80,12 +92,16 @@ class CallCheck(CommWrapper):
         )
 
     def _blocking(self, name, buf, op, call, *args):
+        if self._skip is not None and self._skip(buf):
+            return call(*args)
         # The check first: a blocking reduction with mismatched lengths may not return at all
         # (MPICH's shared-memory algorithms wait for bytes that never come), so it is not started.
-        self._finish(self._start(name, buf, op))
+        self._finish(self._start(name, buf, op, blocking=True))
         return call(*args)
 
     def _nonblocking(self, name, buf, op, call, *args) -> Request:
+        if self._skip is not None and self._skip(buf):
+            return call(*args)
         check = self._start(name, buf, op)
         inner = call(*args)  # both in flight; wait() settles the check first, for the same reason
 
