@@ -149,3 +149,22 @@ def test_speedup_writes_a_png_only_with_plot(tmp_path):
     )
     assert done.returncode == 0 and "plot written" not in done.stdout, done.stderr
     assert list(tmp_path.iterdir()) == []  # no results/ folder, no PNG
+
+
+@needs_make
+def test_system_mpi_without_a_compiler_wrapper_is_one_line_naming_the_package(tmp_path):
+    # mpi4py must be built against a system MPI's mpicc; without one pip would fail 60 lines later.
+    env = {**standalone_env(), "MPICC": "no-such-mpicc"}
+    done = subprocess.run(
+        ["make", "--no-print-directory", "venv", "MPI=system", f"VENV={tmp_path / 'venv'}"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode != 0
+    said = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]
+    assert said[0].startswith("make venv MPI=system: no mpicc on PATH"), said
+    assert "apt-get install libmpich-dev" in said[0]
+    assert not (tmp_path / "venv").exists()  # refused before anything was made
