@@ -48,16 +48,21 @@ def slowest_after_warmup(per_rank: Sequence[Sequence[float]], warmup: int = WARM
 
 @dataclass(frozen=True)
 class Stat:
-    """Seconds per call: min, avg and max over ranks of each rank's own figure."""
+    """Seconds per call: min, avg and max over ranks of each rank's own figure; ``blocks``: per
+    interleaved block, the slowest rank's (what a paired ratio with its interval is made of, see
+    :mod:`mpi_sgd.confidence`)."""
 
     min: float
     avg: float
     max: float
+    blocks: tuple = ()
 
 
-def across_ranks(comm: Communicator, seconds: float) -> Stat:
-    values = comm.allgather_obj(seconds)
-    return Stat(min(values), sum(values) / len(values), max(values))
+def across_ranks(comm: Communicator, seconds: float, blocks: Sequence[float] = ()) -> Stat:
+    values = comm.allgather_obj((seconds, list(blocks)))
+    slowest = tuple(max(b) for b in zip(*(v[1] for v in values), strict=True)) if blocks else ()
+    medians = [v[0] for v in values]
+    return Stat(min(medians), sum(medians) / len(medians), max(medians), slowest)
 
 
 def time_interleaved(
@@ -92,7 +97,7 @@ def time_interleaved(
             if sync:
                 sync()
             blocks[name].append((comm.wtime() - t0) / per_block)
-    return {name: across_ranks(comm, statistics.median(times)) for name, times in blocks.items()}
+    return {name: across_ranks(comm, statistics.median(times), times) for name, times in blocks.items()}
 
 
 def chrome_trace(comm: Communicator, events, t0: float, counters=()) -> dict | None:

@@ -193,7 +193,7 @@ def verdicts(rows) -> list[str]:
         expected = SHOULD.get(name) or ("async slower" if ranks == 2 else None)
         happened = "async faster" if ratio < 1 else "async slower"
         if expected:
-            verdict = "as expected" if expected == happened else "NOT as expected"
+            verdict = "as expected" if expected == happened else "not as the model expects, here"
             lines.append(f"{name} R={ranks}: expected {expected}; {verdict}: {happened} ({ratio:.2f}x the sync time)")
         else:
             lines.append(f"{name} R={ranks}: {happened} ({ratio:.2f}x the sync time)")

@@ -209,6 +209,7 @@ def bench_model(comm, name: str, args, ddp_groups: dict | None = None, device=No
                 "name": specs[key][0],
                 "bucket_mb": specs[key][1],
                 "step_s": times[key].max,
+                "step_blocks": list(times[key].blocks),  # the slowest rank's, per interleaved block
                 "step_s_min_rank": times[key].min,
                 "step_std_s": slowest["step"]["std"],
                 "comm_s": slowest["comm"]["avg"],

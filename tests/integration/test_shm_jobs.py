@@ -122,8 +122,13 @@ def test_bench_shm_prints_the_comparison_and_the_targets(tmp_path):
         "gloo/shared",
         "shared/memcpy",
     ]
-    assert re.search(r"target >= 2x MPI Allreduce at every size from 64 KiB: (met|NOT met) \(lowest", out.stdout)
-    assert re.search(r"target no slower than MPI Allreduce below 64 KiB: (met|NOT met)", out.stdout)
+    assert re.search(
+        r"target >= 2x MPI Allreduce at every size from 64 KiB: (met|not met here|inconclusive here) \(lowest",
+        out.stdout,
+    )
+    assert re.search(
+        r"target no slower than MPI Allreduce below 64 KiB: (met|not met here|inconclusive here)", out.stdout
+    )
     rows = json.loads((tmp_path / "shm-n2.json").read_text())["rows"]
     assert [r["bytes"] for r in rows] == [4096 << k for k in range(6)]
     assert all(r[i] > 0 for r in rows for i in ("shared", "raw", "seam", "gloo", "memcpy"))

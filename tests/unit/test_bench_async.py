@@ -32,5 +32,5 @@ def test_verdicts_compare_what_happened_with_what_should():
     lines = verdicts(rows)
     assert lines[0].startswith("base R=2: expected async slower; as expected: async slower (2.00x")
     assert lines[1] == "base R=3: async faster (0.50x the sync time)"  # no expectation at R = 3
-    assert lines[2].startswith("straggler R=3: expected async faster; NOT as expected: async slower")
+    assert lines[2].startswith("straggler R=3: expected async faster; not as the model expects, here: async slower")
     assert lines[3].startswith("comm R=3: expected async slower; as expected")

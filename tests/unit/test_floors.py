@@ -17,7 +17,8 @@ PACKAGE = Path(__file__).resolve().parents[2] / "mpi_sgd"
 
 # Bottom to top. A module may import its own floor and those below.
 FLOORS = (
-    ("launch", "launchers", "report", "args", "cluster"),  # where a process sits, its launcher; results; flags
+    # where a process sits, its launcher; results and their intervals; flags
+    ("launch", "launchers", "report", "confidence", "args", "cluster"),
     ("comm",),  # the seam and its backends and wrappers
     # built on the seam, or pure
     (

@@ -56,11 +56,22 @@ def _row(nbytes, shared, raw, memcpy):
 def test_bench_verdicts_name_the_worst_size():
     rows = [_row(4096, 1.0, 1.1, 0.1), _row(64 << 10, 1.0, 2.5, 0.5), _row(4 << 20, 10.0, 19.0, 8.0)]
     lines = bench_shm.verdicts(rows, ranks=2)
-    assert lines[0] == "target >= 2x MPI Allreduce at every size from 64 KiB: NOT met (lowest 1.90x at 4 MiB)"
-    assert lines[1] == "target no slower than MPI Allreduce below 64 KiB: met (lowest 1.10x at 4 KiB)"
-    assert lines[2] == "target within 1.3x of a one-process memcpy from 4 MiB: met (highest 1.25x at 4 MiB)"
+    one = "[94% CI"  # rows without blocks: one block each, an interval of one point
+    assert lines[0].startswith(
+        "project target >= 2x MPI Allreduce at every size from 64 KiB: not met here (lowest 1.90x"
+    )
+    assert lines[0].endswith("at 4 MiB)") and one not in lines[0]
+    assert lines[1].startswith("project target no slower than MPI Allreduce below 64 KiB: met (lowest 1.10x")
+    assert lines[2].startswith("project target within 1.3x of a one-process memcpy from 4 MiB: met (highest 1.25x")
     at_four = bench_shm.verdicts(rows, ranks=4)[0]
-    assert at_four == "target >= 1.5x MPI Allreduce at every size from 64 KiB: met (lowest 1.90x at 4 MiB)"
+    assert at_four.startswith("project target >= 1.5x MPI Allreduce at every size from 64 KiB: met (lowest 1.90x")
+    # with blocks: a size whose interval straddles the target makes the verdict inconclusive
+    mixed = _row(64 << 10, 1.0, 2.0, 0.5)
+    mixed["raw_blocks"], mixed["shared_blocks"] = [1.9, 2.1, 2.0, 2.2, 1.8, 2.0], [1.0] * 6
+    assert (
+        ": inconclusive here (lowest 2.00x [95% CI 1.80-2.20, 6 blocks] at 64 KiB)"
+        in bench_shm.verdicts([mixed], ranks=2)[0]
+    )
     assert bench_shm.verdicts(rows, ranks=1) == []  # nothing to compare at one rank
 
 

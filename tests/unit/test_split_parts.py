@@ -18,6 +18,7 @@ import torch
 from mpi_sgd.comm.backends.local import LocalComm
 from mpi_sgd.comm.gpu import HostBuffers
 from mpi_sgd.comm.split import check_split_type, split_table
+from mpi_sgd.comm.wrappers.callcheck import CallCheck
 from mpi_sgd.comm.wrappers.checked import CheckedComm
 from mpi_sgd.comm.wrappers.compress import CompressedComm
 from mpi_sgd.comm.wrappers.counting import CountingComm
@@ -114,6 +115,7 @@ BUILD = {
     "FaultComm": lambda inner: FaultComm(inner, Fault.parse("0:3:nan")),
     "ExitAfter": lambda inner: ExitAfter(inner, 5, code=3),
     "RecordingComm": lambda inner: RecordingComm(inner),  # no settings: its part starts with nothing sent
+    "CallCheck": lambda inner: CallCheck(inner),  # no settings: its part checks its own calls from the first
 }
 # Attributes that a part does not share with its parent by design: each part starts afresh.
 OWN = {"inner", "_built_with", "phase_t"}  # phase_t: when the watchdog last heard where(), a clock reading

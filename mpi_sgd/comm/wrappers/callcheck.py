@@ -43,13 +43,16 @@ class CallCheck(CommWrapper):
 
     def __init__(self, inner):
         super().__init__(inner)
+        self.calls = 0
+        self._codes: dict = {}
+        self.side = self._skip = None  # made at the first reduction, which every rank makes alike
+
+    def _ready(self) -> None:
         from mpi4py import MPI
 
         self._MPI = MPI
-        self.side = inner.comm.Dup()  # the checks' own order of calls, apart from the job's
-        self.calls = 0
-        self._codes: dict = {}
-        self._skip = getattr(inner, "checks_own_calls", None)  # the node-shared all-reduce checks itself
+        self.side = self.inner.comm.Dup()  # the checks' own order of calls, apart from the job's
+        self._skip = getattr(self.inner, "checks_own_calls", None)  # the node-shared all-reduce checks itself
 
     def _word(self, name: str, buf, op: str) -> tuple:
         """The call's description and its template ``(h, -h)``, made once per kind of call: a
@@ -92,6 +95,8 @@ class CallCheck(CommWrapper):
         )
 
     def _blocking(self, name, buf, op, call, *args):
+        if self.side is None:
+            self._ready()
         if self._skip is not None and self._skip(buf):
             return call(*args)
         # The check first: a blocking reduction with mismatched lengths may not return at all
@@ -100,6 +105,8 @@ class CallCheck(CommWrapper):
         return call(*args)
 
     def _nonblocking(self, name, buf, op, call, *args) -> Request:
+        if self.side is None:
+            self._ready()
         if self._skip is not None and self._skip(buf):
             return call(*args)
         check = self._start(name, buf, op)
