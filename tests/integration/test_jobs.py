@@ -49,11 +49,22 @@ def test_bench_allreduce_prints_side_by_side_and_writes_json(tmp_path):
     out = proc.stdout
     header = next(line for line in out.splitlines() if line.startswith("|"))
     cells = [c.strip() for c in header.strip("|").split("|")]
-    assert cells[:7] == ["size", "raw us", "seam us", "ring us", "gloo us", "seam/raw", "overhead us"]
+    assert cells[:9] == [
+        "size",
+        "raw us",
+        "seam us",
+        "seam-checked us",
+        "ring us",
+        "gloo us",
+        "raw/seam time",
+        "seam-raw us",
+        "check cost %",
+    ]
     assert re.search(r"\|\s+1 KiB \|", out) and re.search(r"\|\s+64 KiB \|", out)
     assert "seam per-call overhead below 64 KiB" in out and "## gloo" in out
+    assert re.search(r"^per-call argument check at 4 KiB: [\d.]+x \[\d+% CI .*\(project target <= 1.05x: ", out, re.M)
     data = json.loads((tmp_path / "allreduce-n2.json").read_text())
-    assert data["ranks"] == 2 and {r["impl"] for r in data["rows"]} == {"raw", "seam", "ring", "gloo"}
+    assert data["ranks"] == 2 and {r["impl"] for r in data["rows"]} == {"raw", "seam", "seam-checked", "ring", "gloo"}
     assert {r["bytes"] for r in data["rows"]} == {1024 << k for k in range(7)}
     assert all(r["min_s"] <= r["avg_s"] <= r["max_s"] for r in data["rows"])
     assert (tmp_path / "allreduce-n2.png").stat().st_size > 1000
