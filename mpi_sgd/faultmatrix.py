@@ -24,6 +24,7 @@ the check found. Add a case by appending a :class:`Case` to :data:`CASES`.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -34,7 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .args import add_command, flag, positive_float
-from .launch import mpiexec_command
+from .launch import WIDTH, mpiexec_command
 from .launchers import explain_death
 from .report import markdown_table
 
@@ -164,20 +165,18 @@ def judge(case: Case, status: int, output: str, start: float, end: float, stall_
     return Outcome(case, status, seconds, bound, message[:160], passed)
 
 
-def table(outcomes: list[Outcome]) -> str:
+def table(outcomes: list[Outcome], width: int = WIDTH) -> str:
+    """The matrix as a markdown table whose lines fit ``width`` columns: each message is cut to what
+    is left of the line (the whole of it is in the JSON :func:`_run` writes)."""
     rows = [
-        [
-            o.case.name,
-            o.case.status,
-            o.status,
-            f"{o.bound:g} s",
-            f"{o.seconds:.1f} s",
-            "pass" if o.passed else "FAIL",
-            o.message,
-        ]
+        [o.case.name, o.case.status, o.status, f"{o.bound:g} s", f"{o.seconds:.1f} s", "pass" if o.passed else "FAIL"]
         for o in outcomes
     ]
-    return markdown_table(["case", "expected exit", "exit", "bound", "took", "result", "message"], rows)
+    headers = ["case", "expected exit", "exit", "bound", "took", "result"]
+    used = len(markdown_table(headers, rows).splitlines()[0])  # "| case | ... | result |"
+    room = max(len("message"), width - used - 3)  # " message |" after it
+    cut = [o.message if len(o.message) <= room else o.message[: room - 1] + "…" for o in outcomes]
+    return markdown_table([*headers, "message"], [[*r, m] for r, m in zip(rows, cut, strict=True)])
 
 
 # Checkpoints against their storage and a second job (mpi_sgd.checkpoint); "{ck}" is each case's own
@@ -314,4 +313,9 @@ def _run(args: Flags) -> int:
         print(f"{'pass' if outcomes[-1].passed else 'FAIL'}  {name}: {outcomes[-1].seconds:.1f} s", flush=True)
     print()
     print(table(outcomes))
+    os.makedirs("results", exist_ok=True)
+    with open(os.path.join("results", "faults.json"), "w") as f:
+        fields = ("status", "seconds", "bound", "message", "passed")
+        json.dump([{"case": o.case.name, **{k: getattr(o, k) for k in fields}} for o in outcomes], f, indent=1)
+    print("\nwhole messages: results/faults.json")
     return 0 if all(o.passed for o in outcomes) else 1
