@@ -77,7 +77,8 @@ def bus_factor(p: int) -> float:
 
 
 def _calls(comm, peers: dict[str, Communicator], impls, nbytes: int, checked=None):
-    """One zero-filled float32 buffer per implementation; zeros keep sums finite forever."""
+    """One zero-filled float32 buffer per implementation (zeros keep sums finite forever), and its
+    call: ``{name: (call, buffer)}``."""
     from mpi4py import MPI
 
     n = max(1, nbytes // 4)
@@ -85,24 +86,42 @@ def _calls(comm, peers: dict[str, Communicator], impls, nbytes: int, checked=Non
     for name in impls:
         if name == "raw":
             arr, mpi = np.zeros(n, np.float32), comm.comm
-            calls[name] = lambda arr=arr, mpi=mpi: mpi.Allreduce(MPI.IN_PLACE, arr)
+            calls[name] = (lambda arr=arr, mpi=mpi: mpi.Allreduce(MPI.IN_PLACE, arr)), arr
         elif name == "seam":
             t = zeros(n)
-            calls[name] = lambda t=t: comm.allreduce(t)
+            calls[name] = (lambda t=t: comm.allreduce(t)), t
         elif name == "seam-checked":
             t = zeros(n)
-            calls[name] = lambda t=t: checked.allreduce(t)
+            calls[name] = (lambda t=t: checked.allreduce(t)), t
         elif name == "seam-torchalloc":  # the same, on memory from torch's own allocator
             t = torch.zeros(n)
-            calls[name] = lambda t=t: comm.allreduce(t)
+            calls[name] = (lambda t=t: comm.allreduce(t)), t
         elif name == "ring":
             t, scratch = zeros(n), np.empty(n // comm.size + 1, np.float32)
-            calls[name] = lambda t=t, s=scratch: ring_allreduce(comm, t, scratch=s)
+            calls[name] = (lambda t=t, s=scratch: ring_allreduce(comm, t, scratch=s)), t
         else:  # a torch.distributed backend
             peer = peers[name]
             t = zeros(n, device=peer.device)
-            calls[name] = lambda t=t, peer=peer: peer.allreduce(t)
+            calls[name] = (lambda t=t, peer=peer: peer.allreduce(t)), t
     return calls
+
+
+def wrong_results(comm, call, buf) -> int:
+    """nccl-tests' ``#wrong``: elements of one all-reduce of known values that differ from the exact
+    sum, counted over every rank. Rank r contributes ``i % 7 + r`` at element i: small integers, so
+    every order of additions gives the exact sum ``R (i % 7) + R (R - 1) / 2`` in float32."""
+    n = buf.shape[0]
+    i = np.arange(n) % 7
+    mine, want = (i + comm.rank).astype(np.float32), (comm.size * i + comm.size * (comm.size - 1) / 2)
+    if isinstance(buf, np.ndarray):
+        buf[:] = mine
+    else:
+        buf.copy_(torch.from_numpy(mine))
+    call()
+    got = buf if isinstance(buf, np.ndarray) else buf.cpu().numpy()
+    wrong = int((got != want.astype(np.float32)).sum())
+    buf[:] = 0  # back to zeros for the next size's timing
+    return sum(comm.allgather_obj(wrong))
 
 
 def run(
@@ -119,14 +138,12 @@ def run(
     rows = []
     for nbytes in sizes(min_bytes, max_bytes):
         osu_iters, osu_warm = osu_iterations(nbytes)
+        made = _calls(comm, peers, impls, nbytes, checked)
+        calls = {name: call for name, (call, _) in made.items()}
         stats = time_interleaved(
-            comm,
-            _calls(comm, peers, impls, nbytes, checked),
-            iterations or osu_iters,
-            osu_warm if warmup is None else warmup,
-            rounds,
-            sync,
+            comm, calls, iterations or osu_iters, osu_warm if warmup is None else warmup, rounds, sync
         )
+        wrong = {name: wrong_results(comm, call, buf) for name, (call, buf) in made.items()}
         for name, st in stats.items():
             algbw = nbytes / st.avg
             rows.append(
@@ -140,6 +157,7 @@ def run(
                     algbw_GBps=algbw / 1e9,
                     busbw_GBps=algbw * bus_factor(comm.size) / 1e9,
                     blocks=list(st.blocks),
+                    wrong=wrong[name],
                 )
             )
     return rows
@@ -154,6 +172,7 @@ def summary_table(rows, impls) -> str:
     if "seam-checked" in impls and "seam" in impls:
         headers.append("check cost %")
     headers.append("busbw GB/s (" + ("raw" if "raw" in impls else impls[0]) + ")")
+    headers.append("#wrong")  # nccl-tests': elements that differ from the exact sum, all implementations
     out = []
     for nbytes in sorted({r["bytes"] for r in rows}):
         t = {i: by[nbytes, i]["avg_s"] for i in impls}
@@ -163,6 +182,7 @@ def summary_table(rows, impls) -> str:
         if "seam-checked" in impls and "seam" in impls:
             row.append(f"{(t['seam-checked'] / t['seam'] - 1) * 100:+.1f}")
         row.append(by[nbytes, "raw" if "raw" in impls else impls[0]]["busbw_GBps"])
+        row.append(str(sum(by[nbytes, i].get("wrong", 0) for i in impls)))
         out.append(row)
     return markdown_table(headers, out)
 

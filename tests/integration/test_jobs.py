@@ -49,7 +49,7 @@ def test_bench_allreduce_prints_side_by_side_and_writes_json(tmp_path):
     out = proc.stdout
     header = next(line for line in out.splitlines() if line.startswith("|"))
     cells = [c.strip() for c in header.strip("|").split("|")]
-    assert cells[:9] == [
+    assert cells == [
         "size",
         "raw us",
         "seam us",
@@ -59,6 +59,8 @@ def test_bench_allreduce_prints_side_by_side_and_writes_json(tmp_path):
         "raw/seam time",
         "seam-raw us",
         "check cost %",
+        "busbw GB/s (raw)",
+        "#wrong",
     ]
     assert re.search(r"\|\s+1 KiB \|", out) and re.search(r"\|\s+64 KiB \|", out)
     assert "seam per-call overhead below 64 KiB" in out and "## gloo" in out
@@ -67,6 +69,7 @@ def test_bench_allreduce_prints_side_by_side_and_writes_json(tmp_path):
     assert data["ranks"] == 2 and {r["impl"] for r in data["rows"]} == {"raw", "seam", "seam-checked", "ring", "gloo"}
     assert {r["bytes"] for r in data["rows"]} == {1024 << k for k in range(7)}
     assert all(r["min_s"] <= r["avg_s"] <= r["max_s"] for r in data["rows"])
+    assert all(r["wrong"] == 0 for r in data["rows"])  # every implementation summed exactly, every size
     assert (tmp_path / "allreduce-n2.png").stat().st_size > 1000
 
 
