@@ -137,15 +137,19 @@ def install_abort_hook(comm) -> None:
         if comm.size == 1:  # nobody to wait for: report and let the process exit with status 1
             sys.stderr.write(text)
             return
+        # The process's own stderr, not sys.stderr: torch.distributed's hook (installed by
+        # init_process_group around this one) points sys.stderr at a buffer it prints after this
+        # hook returns, and this hook ends the process first: the message would be lost.
+        err = sys.__stderr__ or sys.stderr
         where = f"rank {comm.rank} of {comm.size} on {socket.gethostname()}"
         if lost:  # this rank is the witness, not the cause: say so, and let the launcher name the dead one
-            sys.stderr.write(
+            err.write(
                 f"mpi_sgd: {where} lost its connection to another rank ({lost}); that rank has most "
                 "likely died (the launcher names it); aborting the job.\n"
             )
         else:
-            sys.stderr.write(f"mpi_sgd: {where} failed; aborting the job.\n{text}")
-        sys.stderr.flush()
+            err.write(f"mpi_sgd: {where} failed; aborting the job.\n{text}")
+        err.flush()
         # The launcher forwards our stderr through a pipe; MPI_Abort tears that down at once,
         # and under load the message could be lost before it is forwarded. A moment's grace
         # costs nothing next to a job that is ending anyway. A witness waits longer, so that the

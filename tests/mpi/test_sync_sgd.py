@@ -216,7 +216,7 @@ def test_resume_at_another_global_batch_goes_on_mid_epoch(comm):
             torch.nn.functional.mse_loss(model(ds.x[idx]), ds.y[idx]).backward()
             opt.step()
         torch.testing.assert_close(flat_params(second.model), flat_params(model), rtol=RTOL, atol=ATOL)
-        assert second.epoch == 1 + (len(first) + len(rest) + len(after[0]) < cfg.max_steps)
+        assert second.epoch == 1 + (len(first) + len(rest) + len(after[0]) <= cfg.max_steps)  # epoch 1 done?
         sub.Free()
     comm.barrier()
     if comm.is_root:

@@ -31,6 +31,7 @@ from __future__ import annotations
 import zlib
 
 import numpy as np
+import torch
 
 from ..base import Request
 from ..errors import CollectiveMismatchError
@@ -60,7 +61,8 @@ class CallCheck(CommWrapper):
         key = (name, buf.shape, buf.dtype, op)
         found = self._codes.get(key)
         if found is None:
-            text = f"{name} of {buf.numel()} {str(buf.dtype).replace('torch.', '')}, op {op}"
+            count = buf.numel() if isinstance(buf, torch.Tensor) else buf.size  # the seam takes numpy arrays too
+            text = f"{name} of {count} {str(buf.dtype).replace('torch.', '')}, op {op}"
             code = zlib.crc32(text.encode()) & 0x7FFFFFFF
             found = self._codes[key] = (text, np.array([code, -code], dtype=np.int64))
         return found
