@@ -66,3 +66,14 @@ def test_comm_zeros_is_an_ordinary_zeroed_tensor(dtype):
     assert t.dtype == dtype and t.shape == (5 << 20,) and t.is_contiguous() and not t.any()
     t[3] = 1
     assert t.sum().item() == 1
+
+
+def test_float16_is_emulated_where_the_library_cannot_carry_it():
+    # Debian's MPICH 4.0.2 aborts a float16 all-reduce between ranks (pmodels/mpich#7342); the
+    # MPICH 5 wheel and Open MPI 5 reduce it natively (tests/mpi sums float16 under each).
+    from mpi_sgd.comm.backends.mpitypes import _float16_works
+
+    assert not _float16_works("MPICH Version:\t4.0.2\nMPICH Release date:\tThu Apr  7 12:34:45 CDT 2022")
+    assert not _float16_works("Intel(R) MPI Library 2021.18.1 for Linux* OS")
+    assert _float16_works("MPICH Version:      5.0.2\nMPICH Release date: ...")
+    assert _float16_works("Open MPI v5.0.11, package: Open MPI ...")

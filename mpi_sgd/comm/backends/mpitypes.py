@@ -2,7 +2,10 @@
 
 MPI predefines datatypes for the C types, so most torch dtypes map directly. Two do not:
 
-* ``float16``: MPICH 4+ has ``MPIX_C_FLOAT16`` with its built-in ops; other libraries may not.
+* ``float16``: MPICH has ``MPIX_C_FLOAT16`` with its built-in ops; other libraries may not. Before
+  MPICH 5 (and in Intel MPI, built on it) its datatype engine may lack the type (pmodels/mpich#7342):
+  Debian's MPICH 4.0.2 aborts any float16 all-reduce between ranks with an assertion in
+  ``typerep_yaksa_pack.c``, so there it is emulated like bfloat16.
 * ``bfloat16``: no MPI library predefines it today.
 
 Such a dtype travels as ``MPI.UINT16_T`` (any 2-byte type moves the bytes) and its reductions are
@@ -70,7 +73,20 @@ def _native_types() -> dict:
     return out
 
 
+def _float16_works(version: str) -> bool:
+    """Whether ``MPI_Get_library_version``'s text names a library whose float16 can be trusted
+    (see the module docstring): not MPICH before 5, nor Intel MPI."""
+    import re
+
+    if "Intel" in version:
+        return False
+    mpich = re.search(r"MPICH Version:\s*(\d+)", version)
+    return not mpich or int(mpich.group(1)) >= 5
+
+
 NATIVE = _native_types()
+if not _float16_works(MPI.Get_library_version()):
+    NATIVE.pop(torch.float16, None)
 EMULATED = {dt: MPI.UINT16_T for dt in (torch.float16, torch.bfloat16) if dt not in NATIVE}
 _user_ops: dict[tuple, MPI.Op] = {}
 
