@@ -192,7 +192,11 @@ class MPIComm(Communicator):
         if op == "avg":
             check_avg(buf)
         if self.rank == root:
-            self.comm.Reduce(MPI.IN_PLACE, _spec(buf), _mpi_op(op, buf), root)
+            if mpitypes.OLD_MPICH:  # its in-place Reduce crashes (see mpitypes): from a copy instead
+                mine = buf.clone()  # held here: _spec names the memory without keeping the tensor alive
+                self.comm.Reduce(_spec(mine), _spec(buf), _mpi_op(op, buf), root)
+            else:
+                self.comm.Reduce(MPI.IN_PLACE, _spec(buf), _mpi_op(op, buf), root)
             if op == "avg":
                 buf /= self.size
         else:
