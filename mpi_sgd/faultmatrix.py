@@ -35,8 +35,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .args import add_command, flag, positive_float
-from .launch import WIDTH, mpiexec_command
-from .launchers import explain_death
+from .launch import mpiexec_command
+from .launchers import WIDTH, explain_death
 from .report import markdown_table
 
 SLACK = 10.0  # seconds a failure may take to end the job, after the fault (or the timeout)

@@ -268,24 +268,6 @@ class JobFailed(RuntimeError):
         self.returncode = returncode
 
 
-WIDTH = 120  # a terminal's line: what a benchmark echoes fits in it; the whole command is in its JSON
-
-
-def short_command(cmd: list[str], env: Mapping[str, str] | None = None, width: int = WIDTH) -> str:
-    """``$ VAR=1 mpiexec -n 2 python -m mpi_sgd.cli ...`` as one terminal line: programs by name, paths
-    under the working directory relative to it, and cut at ``width`` with an ellipsis."""
-    here = os.getcwd() + os.sep
-
-    def short(word: str) -> str:
-        if os.path.isabs(word) and os.path.exists(word):
-            return word.removeprefix(here) if word.startswith(here) else os.path.basename(word)
-        return word
-
-    prefix = "".join(f"{k}={v} " for k, v in (env or {}).items())
-    line = f"$ {prefix}{' '.join(short(w) for w in cmd)}"
-    return line if len(line) <= width else line[: width - 2] + " …"
-
-
 def run_job(ranks: int, *argv: str, env: dict[str, str] | None = None, echo: bool = False) -> None:
     """Run ``ranks`` copies of this Python on ``argv`` (see :func:`mpiexec_command`) to the end.
 
@@ -297,6 +279,8 @@ def run_job(ranks: int, *argv: str, env: dict[str, str] | None = None, echo: boo
     cmd, job_env = mpiexec_command(ranks, *argv)
     job_env.update(env or {})
     if echo:
+        from .launchers import short_command
+
         print(short_command(cmd, env), flush=True)
     done = subprocess.run(cmd, env=job_env, capture_output=True, text=True)
     if done.returncode != 0:

@@ -14,6 +14,7 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Mapping
 
 # -- naming the rank of a process the launcher reports dead -------------------------------------
 # A rank killed by a signal (the OOM killer, a lost node) says nothing; the launcher names only its
@@ -91,3 +92,21 @@ def signal_and_wait(job: subprocess.Popen, signum: int, timeout: float) -> tuple
         job.wait()
         return None
     return out or "", err or "", time.perf_counter() - start
+
+
+WIDTH = 120  # a terminal's line: what a benchmark echoes fits in it; the whole command is in its JSON
+
+
+def short_command(cmd: list[str], env: Mapping[str, str] | None = None, width: int = WIDTH) -> str:
+    """``$ VAR=1 mpiexec -n 2 python -m mpi_sgd.cli ...`` as one terminal line: programs by name, paths
+    under the working directory relative to it, and cut at ``width`` with an ellipsis."""
+    here = os.getcwd() + os.sep
+
+    def short(word: str) -> str:
+        if os.path.isabs(word) and os.path.exists(word):
+            return word.removeprefix(here) if word.startswith(here) else os.path.basename(word)
+        return word
+
+    prefix = "".join(f"{k}={v} " for k, v in (env or {}).items())
+    line = f"$ {prefix}{' '.join(short(w) for w in cmd)}"
+    return line if len(line) <= width else line[: width - 2] + " …"

@@ -11,13 +11,10 @@ and both terms are measured for every step: ``t_sync`` is the time the step spen
 gradient communication (``GradSync.seconds``), ``t_comp`` the rest of the step (forward,
 backward, optimizer). Distributed training pays off when T_sync / T_comp < R - 1.
 
-After each epoch the model is scored on the held-out ``val`` set (dropout off): each rank takes
-an even share of it, and the sums travel in the same small all-reduce as the epoch's training
-loss, so validation costs no extra message.
-
-The loop and its measurements live here; what a checkpoint holds and how a run resumes from it
-is :mod:`mpi_sgd.checkpoint.trainer_state`, and what a non-finite step is blamed on is
-:func:`mpi_sgd.nonfinite.diagnose`.
+After each epoch the model is scored on the held-out ``val`` set (dropout off): each rank takes an
+even share, and the sums travel in the epoch's one small all-reduce, so validation costs no message.
+The loop and its measurements live here; saving and resuming in :mod:`mpi_sgd.resumption`, what a
+non-finite step is blamed on in :func:`mpi_sgd.nonfinite.diagnose`.
 """
 
 from __future__ import annotations

@@ -96,10 +96,14 @@ class CallCheck(CommWrapper):
             f"(length, dtype or op); the call was not completed:\n{lines}"
         )
 
-    def _blocking(self, name, buf, op, call, *args):
+    def _unchecked(self, buf) -> bool:
+        """Whether ``buf``'s call needs no check of ours (made ready at the first reduction)."""
         if self.side is None:
             self._ready()
-        if self._skip is not None and self._skip(buf):
+        return self._skip is not None and self._skip(buf)
+
+    def _blocking(self, name, buf, op, call, *args):
+        if self._unchecked(buf):
             return call(*args)
         # The check first: a blocking reduction with mismatched lengths may not return at all
         # (MPICH's shared-memory algorithms wait for bytes that never come), so it is not started.
@@ -107,9 +111,7 @@ class CallCheck(CommWrapper):
         return call(*args)
 
     def _nonblocking(self, name, buf, op, call, *args) -> Request:
-        if self.side is None:
-            self._ready()
-        if self._skip is not None and self._skip(buf):
+        if self._unchecked(buf):
             return call(*args)
         check = self._start(name, buf, op)
         inner = call(*args)  # both in flight; wait() settles the check first, for the same reason
