@@ -23,6 +23,9 @@ TEST_SIZES ?= 1 3
 MPIEXEC_TIMEOUT ?= 300
 TEST_TIMEOUT ?= 120
 export MPIEXEC_TIMEOUT
+# Every rank writes straight through: a rank that pytest-timeout ends with os._exit, or that MPI
+# aborts, would otherwise take its block-buffered report (when output is a pipe, as in CI) with it.
+export PYTHONUNBUFFERED := 1
 
 # Real paths (symlinks resolved): a copy of this tree made of links to it (as the docs tests make)
 # must install scripts and the editable package that point here, not into the copy.

@@ -21,3 +21,38 @@ def pytest_runtest_logreport(report):
         from mpi4py import MPI
 
         MPI.COMM_WORLD.Abort(1)
+
+
+# A job can also be aborted from a thread while a test runs: the stall watchdog's monitor, or a
+# save's deadline. pytest holds that test's output (its file descriptors too), so the report the
+# thread wrote, and MPI's own abort line, would vanish with the process: a job that ends with a
+# status and no word. Every abort therefore first hands pytest's capture back and prints it.
+_running: list[str] = []
+
+
+def pytest_runtest_logstart(nodeid, location):
+    _running[:] = [nodeid]
+
+
+def pytest_configure(config):
+    capman = config.pluginmanager.getplugin("capturemanager")
+    from mpi_sgd.comm.backends.mpi import MPIComm
+
+    abort = MPIComm.abort
+
+    def telling_abort(self, code=1):
+        try:
+            out, err = "", ""
+            if capman is not None:
+                capman.suspend_global_capture(in_=True)
+                out, err = capman.read_global_capture()
+            test = _running[0] if _running else "(between tests)"
+            sys.stderr.write(
+                f"\nrank {placement().rank}: aborting the job (status {code}) during {test}; "
+                f"what it printed so far:\n{out}{err}\n"
+            )
+            sys.stderr.flush()
+        finally:
+            abort(self, code)
+
+    MPIComm.abort = telling_abort

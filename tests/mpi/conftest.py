@@ -38,6 +38,23 @@ def comm(request):
     return _make(request.param)
 
 
+@pytest.fixture(scope="module")
+def initialised():
+    """What ``comm.init`` gives a script (the per-call check and the stall watchdog around mpi4py),
+    for one module. Its watchdog is stopped when the module ends: a monitor thread left running
+    would go on judging its communicator, and could end the job, while later modules run."""
+    from mpi_sgd.comm import init
+    from mpi_sgd.comm.wrappers.watchdog import Watchdog
+
+    comm = init("mpi4py", abort_on_error=False)
+    yield comm
+    layer = comm
+    while layer is not None:
+        if isinstance(layer, Watchdog):
+            layer.close()
+        layer = vars(layer).get("inner")
+
+
 @pytest.fixture(scope="session")
 def world():
     return _make("world")

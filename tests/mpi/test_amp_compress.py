@@ -18,7 +18,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mpi_sgd import comm as mpicomm
 from mpi_sgd import data, gradsync
 from mpi_sgd.amp import MixedPrecision
 from mpi_sgd.models import build_model
@@ -31,8 +30,8 @@ TOL = {"amp": 5e-3, "bf16": 1e-3, "fp16": 1e-4}
 
 
 @pytest.fixture(scope="module")
-def comm():
-    return mpicomm.init("mpi4py", abort_on_error=False)
+def comm(initialised):
+    return initialised
 
 
 def train(comm, **kw) -> torch.Tensor:

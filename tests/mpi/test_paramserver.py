@@ -11,7 +11,6 @@ import pytest
 import torch
 from torch import nn
 
-from mpi_sgd import comm as mpicomm
 from mpi_sgd import data, paramserver
 from mpi_sgd.models import FFNet
 from mpi_sgd.paramserver import AsyncConfig
@@ -20,8 +19,8 @@ pytestmark = [pytest.mark.mpi]
 
 
 @pytest.fixture(scope="module")
-def comm():
-    return mpicomm.init("mpi4py", abort_on_error=False)
+def comm(initialised):
+    return initialised
 
 
 def flat(model) -> torch.Tensor:

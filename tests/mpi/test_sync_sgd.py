@@ -26,7 +26,6 @@ import tempfile
 import pytest
 import torch
 
-from mpi_sgd import comm as mpicomm
 from mpi_sgd import data, gradsync
 from mpi_sgd.config import TrainConfig
 from mpi_sgd.models import build_model
@@ -39,8 +38,8 @@ RTOL = ATOL = 1e-12
 
 
 @pytest.fixture(scope="module")
-def comm():
-    return mpicomm.init("mpi4py", abort_on_error=False)
+def comm(initialised):
+    return initialised
 
 
 def distributed(comm, cfg: TrainConfig, ds: data.Dataset) -> Trainer:

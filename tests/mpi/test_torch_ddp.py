@@ -31,7 +31,6 @@ from torch.nn import functional as F
 from torch.nn.parallel import DistributedDataParallel
 
 import mpi_sgd.comm.backends.torch_mpi4py  # noqa: F401 - registers the backend
-from mpi_sgd import comm as mpicomm
 from mpi_sgd import data, gradsync
 from mpi_sgd.config import TrainConfig
 from mpi_sgd.models import build_model
@@ -51,8 +50,8 @@ def groups():
 
 
 @pytest.fixture(scope="module")
-def comm():
-    return mpicomm.init("mpi4py", abort_on_error=False)
+def comm(initialised):
+    return initialised
 
 
 def config(dtype: torch.dtype) -> TrainConfig:

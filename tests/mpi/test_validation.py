@@ -14,7 +14,6 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from mpi_sgd import comm as mpicomm
 from mpi_sgd import data, gradsync
 from mpi_sgd.config import TrainConfig
 from mpi_sgd.models import build_model
@@ -25,8 +24,8 @@ pytestmark = pytest.mark.mpi
 
 
 @pytest.fixture(scope="module")
-def comm():
-    return mpicomm.init("mpi4py", abort_on_error=False)
+def comm(initialised):
+    return initialised
 
 
 def blobs_split(comm):

@@ -11,7 +11,9 @@ import time
 
 import pytest
 import torch
+from mpi4py import MPI
 
+from mpi_sgd.comm.wrappers.monitor import CHECK
 from mpi_sgd.comm.wrappers.watchdog import CHECK_EVERY, Watchdog
 from mpi_sgd.comm.wrappers.wrapper import CommWrapper
 
@@ -118,3 +120,26 @@ def test_a_call_with_other_arguments_is_caught_while_the_job_runs(comm):
         assert keep.aborted == [1]
     else:
         assert reports == [] and keep.aborted == []
+
+
+def test_closing_leaves_no_message_for_the_next_communicator(world):
+    # A message still on its way when the watchdog closes (here the others' CHECK to rank 0, whose
+    # thread polls too rarely to have read it) must be received by close(), not left behind: MPI
+    # gives the freed side channel's context to the next communicator made, where a receive from
+    # any source would take it as its own data (a later test's recv got '[1008, 1' as an int64).
+    wd = Watchdog(world, timeout=30, abort_after=0, poll=5.0)
+    try:
+        wd.barrier()
+        if wd.monitor is not None and world.rank != 0:
+            wd.monitor._send(0, CHECK, [CHECK_EVERY, 0])  # as its thread would, at its next poll
+    finally:
+        wd.close()
+    after = world.comm.Dup()  # in MPICH, on the context just freed
+    try:
+        deadline = time.monotonic() + 0.5
+        while time.monotonic() < deadline:
+            assert not after.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG), "a message of the closed watchdog's channel"
+            time.sleep(0.01)
+        after.Barrier()
+    finally:
+        after.Free()

@@ -61,6 +61,8 @@ class Monitor:
         self._left: dict[int, dict] = {}
         self._theirs: dict[int, tuple] = {}  # rank 0: the newest (seq, crc) of each rank
         self._sends: list = []
+        # Messages sent to and received from each rank, so that close() can receive every one.
+        self._sent_to, self._got_from = [0] * wd.size, [0] * wd.size
         self._sent_check = None
         self._mismatch_reported = False
         self._stop = threading.Event()
@@ -83,10 +85,23 @@ class Monitor:
         return monitor
 
     def close(self) -> None:
-        """Stop the thread and free the side channel (collective)."""
+        """Stop the thread and free the side channel (collective), every message on it received first.
+
+        MPI gives a freed communicator's context to the next one made, and a message left behind on
+        it (an answer that came after its asker stopped waiting, a CHECK) would be matched by a
+        receive on that new communicator: a later receive from any source, in torch's group or the
+        user's, would get this channel's JSON as its data. So the ranks first tell each other how
+        many messages each sent each, and receive exactly that many.
+        """
         atexit.unregister(self._leave)
         self._stop.set()
         self.thread.join()
+        owed = self._side.alltoall(self._sent_to)  # owed[r]: how many rank r sent me
+        while any(got < n for got, n in zip(self._got_from, owed, strict=True)):
+            self._serve(block=True)
+        for req, _ in self._sends:
+            req.Wait()
+        self._sends = []
         self._side.Free()
 
     def _send(self, dest: int, tag: int, payload) -> None:
@@ -94,17 +109,24 @@ class Monitor:
 
         data = json.dumps(payload).encode()
         self._sends.append((self._side.Isend([data, MPI.BYTE], dest, tag), data))
+        self._sent_to[dest] += 1
 
-    def _serve(self) -> None:
-        """Answer what the other ranks' threads sent; drop finished sends."""
+    def _serve(self, block: bool = False) -> None:
+        """Answer what the other ranks' threads sent; drop finished sends. ``block``: receive one
+        message, waiting for it, and only that (:meth:`close` draining the channel)."""
         from mpi4py import MPI
 
         self._sends = [(r, d) for r, d in self._sends if not r.Test()]
         status = MPI.Status()
-        while self._side.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG, status):
+        while block or self._side.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG, status):
+            if block:
+                self._side.Probe(MPI.ANY_SOURCE, MPI.ANY_TAG, status)
             src, tag = status.Get_source(), status.Get_tag()
             data = bytearray(status.Get_count(MPI.BYTE))
             self._side.Recv([data, MPI.BYTE], src, tag)
+            self._got_from[src] += 1
+            if block:
+                return
             msg = json.loads(data)
             if tag == REQ:
                 self._send(src, STATUS, self.wd.status())
