@@ -19,9 +19,13 @@ NP ?= 2
 # Worlds the MPI tests run at; 3 is odd on purpose (uneven splits, ring wrap-around). Size 2 is
 # the README's own `mpirun -n 2 pytest --with-mpi` (test-mpirun), run as a user types it.
 TEST_SIZES ?= 1 3
-# Backstops so a hang fails fast: seconds per mpiexec job (hydra reads it) and per test.
+# Backstops so a hang fails fast: seconds per mpiexec job (hydra reads it), per test, and for a
+# whole MPI test run (one job holding every test: 100-220 s with the MPICH wheel here, 300 s with
+# Debian's MPICH over UCX, so its backstop is longer; a hung test is ended by TEST_TIMEOUT first,
+# and pytest's faulthandler dumps every rank's threads at 100 s, before that).
 MPIEXEC_TIMEOUT ?= 300
 TEST_TIMEOUT ?= 120
+SUITE_TIMEOUT ?= 900
 export MPIEXEC_TIMEOUT
 # Every rank writes straight through: a rank that pytest-timeout ends with os._exit, or that MPI
 # aborts, would otherwise take its block-buffered report (when output is a pipe, as in CI) with it.
@@ -125,12 +129,12 @@ test-unit: venv
 test-mpi: venv
 	@set -e; for n in $(TEST_SIZES); do \
 	  echo "== MPI tests at mpiexec -n $$n =="; \
-	  $(MPIEXEC) -n $$n $(PY) -m mpi4py -m pytest --with-mpi -x -q --timeout=$(TEST_TIMEOUT) tests/mpi; \
+	  MPIEXEC_TIMEOUT=$(SUITE_TIMEOUT) $(MPIEXEC) -n $$n $(PY) -m mpi4py -m pytest --with-mpi -x -q --timeout=$(TEST_TIMEOUT) tests/mpi; \
 	done
 
 # Exactly the README's command, with the venv's bin first on PATH as `source .venv/bin/activate` puts it.
 test-mpirun: venv
-	PATH="$(BIN):$$PATH" mpirun -n 2 pytest --with-mpi
+	PATH="$(BIN):$$PATH" MPIEXEC_TIMEOUT=$(SUITE_TIMEOUT) mpirun -n 2 pytest --with-mpi
 
 test-integration: venv
 	$(PY) -m pytest -q --timeout=$(TEST_TIMEOUT) --durations=40 tests/integration
