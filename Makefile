@@ -126,15 +126,16 @@ test-unit: venv
 
 # python -m mpi4py turns an uncaught exception or a failed pytest on any rank into MPI_Abort,
 # so one failing rank ends the job instead of leaving the others in a collective.
+test-mpi test-mpirun: export MPIEXEC_TIMEOUT = $(SUITE_TIMEOUT)
 test-mpi: venv
 	@set -e; for n in $(TEST_SIZES); do \
 	  echo "== MPI tests at mpiexec -n $$n =="; \
-	  MPIEXEC_TIMEOUT=$(SUITE_TIMEOUT) $(MPIEXEC) -n $$n $(PY) -m mpi4py -m pytest --with-mpi -x -q --timeout=$(TEST_TIMEOUT) tests/mpi; \
+	  $(MPIEXEC) -n $$n $(PY) -m mpi4py -m pytest --with-mpi -x -q --timeout=$(TEST_TIMEOUT) tests/mpi; \
 	done
 
 # Exactly the README's command, with the venv's bin first on PATH as `source .venv/bin/activate` puts it.
 test-mpirun: venv
-	PATH="$(BIN):$$PATH" MPIEXEC_TIMEOUT=$(SUITE_TIMEOUT) mpirun -n 2 pytest --with-mpi
+	PATH="$(BIN):$$PATH" mpirun -n 2 pytest --with-mpi
 
 test-integration: venv
 	$(PY) -m pytest -q --timeout=$(TEST_TIMEOUT) --durations=40 tests/integration
