@@ -13,7 +13,11 @@ SIZES = (1, 2, 3, 4)
 
 @pytest.mark.parametrize("n", SIZES)
 def test_01_hello(n):
-    out = run_mpi(n, str(EXAMPLES / "01_hello.py")).stdout
+    job = run_mpi(n, str(EXAMPLES / "01_hello.py"))
+    out = job.stdout
+    # A job that worked ends without a warning: a watchdog message left unreceived at MPI_Finalize
+    # made UCX print "unexpected tag-receive descriptor ... was not matched" even here.
+    assert not re.search(r"warn|unexpected", out + job.stderr, re.I), job.stderr
     assert f"{n} rank(s) on 1 host(s)" in out
     for r in range(n):
         assert re.search(rf"hello from rank {r} of {n} on \S+ \(local rank {r} of {n}, pid \d+\)", out)
