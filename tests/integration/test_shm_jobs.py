@@ -123,7 +123,7 @@ def test_bench_shm_prints_the_comparison_and_the_targets(tmp_path):
         "shared/memcpy",
     ]
     assert re.search(
-        r"target >= 2x MPI Allreduce at every size from 64 KiB: (met|not met here|inconclusive here) \(lowest",
+        r"target >= 1.5x MPI Allreduce at every size from 128 KiB: (met|not met here|inconclusive here) \(lowest",
         out.stdout,
     )
     assert re.search(
