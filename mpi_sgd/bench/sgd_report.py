@@ -27,7 +27,10 @@ HEADERS = [
     "x local",
     "exposed ms",
 ]
-EXPOSED_TARGET, STEP_TARGET = 0.35, 1.1  # ddp-mpi4py: exposed vs ddp-gloo's, step vs bucketed's
+# ddp-mpi4py: exposed communication vs ddp-gloo's (per model where a model has its own: SimpleNet's
+# is set from where it stood, 0.33x, as the MLP's 0.35x was from 0.54x), step vs bucketed's
+EXPOSED_TARGET, STEP_TARGET = 0.35, 1.1
+EXPOSED_TARGETS = {"simplenet": 0.25}
 
 
 def spread(samples) -> dict:
@@ -108,7 +111,11 @@ def targets(rows) -> list[str]:
         if shares:  # exposed communication, block by block: what each step adds over the local one
             exposed = median_interval(shares)
             lines.append(
-                target_line(f"{model}: ddp-mpi4py exposed communication vs ddp-gloo's", exposed, EXPOSED_TARGET)
+                target_line(
+                    f"{model}: ddp-mpi4py exposed communication vs ddp-gloo's",
+                    exposed,
+                    EXPOSED_TARGETS.get(model, EXPOSED_TARGET),
+                )
             )
         step = paired_ratio(ours, blocks["bucketed"])
         lines.append(target_line(f"{model}: ddp-mpi4py step vs bucketed", step, STEP_TARGET))

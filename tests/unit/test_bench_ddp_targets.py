@@ -22,6 +22,12 @@ def test_both_targets_met():
     assert "step vs bucketed: 1.048x [95% CI" in step and step.endswith("(project target <= 1.1x: met)")
 
 
+def test_simplenet_has_its_own_exposed_target():
+    # the same 0.27x meets the MLP's 0.35x and misses SimpleNet's 0.25x
+    exposed, _ = targets(rows(0.008, 0.0105, 0.019, 0.011, model="simplenet"))
+    assert exposed.startswith("simplenet: ") and exposed.endswith("(project target <= 0.25x: not met here)")
+
+
 def test_targets_missed_are_said_so():
     exposed, step = targets(rows(0.008, 0.010, 0.019, 0.014))  # 6/11 = 0.55x, 1.4x
     assert exposed.endswith("(project target <= 0.35x: not met here)")
