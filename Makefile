@@ -19,10 +19,9 @@ NP ?= 2
 # Worlds the MPI tests run at; 3 is odd on purpose (uneven splits, ring wrap-around). Size 2 is
 # the README's own `mpirun -n 2 pytest --with-mpi` (test-mpirun), run as a user types it.
 TEST_SIZES ?= 1 3
-# Backstops so a hang fails fast: seconds per mpiexec job (hydra reads it), per test, and for a
-# whole MPI test run (one job holding every test: 100-220 s with the MPICH wheel here, 300 s with
-# Debian's MPICH over UCX, so its backstop is longer; a hung test is ended by TEST_TIMEOUT first,
-# and pytest's faulthandler dumps every rank's threads at 100 s, before that).
+# Backstops so a hang fails fast: seconds per mpiexec job (hydra reads it), per test, and for the
+# one job that holds a whole MPI test run (minutes, longest over UCX, whose transport polls while
+# it waits). A hung test is ended by TEST_TIMEOUT first, after faulthandler has dumped every rank.
 MPIEXEC_TIMEOUT ?= 300
 TEST_TIMEOUT ?= 120
 SUITE_TIMEOUT ?= 900

@@ -27,8 +27,8 @@ HEADERS = [
     "x local",
     "exposed ms",
 ]
-# ddp-mpi4py: exposed communication vs ddp-gloo's (per model where a model has its own: SimpleNet's
-# is set from where it stood, 0.33x, as the MLP's 0.35x was from 0.54x), step vs bucketed's
+# ddp-mpi4py: exposed communication vs ddp-gloo's (the project sets some models a target of their
+# own), step vs bucketed's
 EXPOSED_TARGET, STEP_TARGET = 0.35, 1.1
 EXPOSED_TARGETS = {"simplenet": 0.25}
 

@@ -76,7 +76,7 @@ def iterations(nbytes: int) -> int:
 def speedup_targets(ranks: int) -> list[tuple[float, int, int | None]]:
     """The project's factors over MPI's all-reduce, as ``(factor, from bytes, to bytes or None)``:
     at two ranks 1.5x from 128 KiB and 1.8x from 2 to 8 MiB, with more ranks on the node
-    (oversubscribed here) 1.3x from 256 KiB; at every rank count never slower than MPI where the
+    1.3x from 256 KiB; at every rank count never slower than MPI where the
     shared path runs."""
     if ranks <= 2:
         return [(1.0, LARGE, None), (1.5, 128 << 10, None), (1.8, 2 << 20, 8 << 20)]
