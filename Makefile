@@ -59,8 +59,10 @@ else ifeq ($(MPI),impi)
 else ifeq ($(MPI),system)
   MPI_PKG :=
   MPIEXEC ?= mpiexec
-  # The mpi4py wheel cannot know a system MPI's ABI: build it against that MPI's mpicc.
-  MPI4PY_FROM_SOURCE := --no-binary mpi4py
+  # The mpi4py wheel cannot know a system MPI's ABI: build it against that MPI's mpicc, and not
+  # from pip's wheel cache, which keys a build by mpi4py's version alone and would hand a venv for
+  # Open MPI the mpi4py built earlier against MPICH.
+  MPI4PY_FROM_SOURCE := --no-binary mpi4py --no-cache-dir
   NEEDS_MPICC := command -v $${MPICC:-mpicc} >/dev/null || { echo "make venv MPI=system: no mpicc on PATH; install an MPI's development files (apt-get install libmpich-dev, or libopenmpi-dev) or load one (module load mpi)"; exit 2; }
 else
   $(error MPI must be mpich, openmpi, impi or system, not '$(MPI)')

@@ -80,9 +80,4 @@ if rank == 0:
     print(f"replicas identical on all {world_size} ranks: {same}")
     if not same:
         raise SystemExit("replicas differ: gradients were not averaged identically")
-# gloo's worker threads let go of a finished collective's tensors a moment after wait() returns;
-# if Python is already shutting down by then, the process aborts ("terminate called without an
-# active exception", pytorch/pytorch#190489). A barrier (a round trip to every rank, holding no
-# tensors) after the last collective gives them that moment while Python is still running.
-dist.barrier()
 dist.destroy_process_group()

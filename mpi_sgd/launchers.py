@@ -42,6 +42,9 @@ def explain_death(output: str) -> str | None:
     ompi = re.search(r"process rank (\d+) with PID (\d+) on node (\S+) exited on\s+signal (\d+)", output)
     if ompi:  # Open MPI's prterun names the rank itself
         return "rank {} (pid {} on {}) killed by signal {}".format(*ompi.groups())
+    intel = _intel_ends(output)
+    if intel:
+        return intel
     line = re.search(rf"^{re.escape(PROCESSES)} (.*)$", output, re.M)
     if not line:
         return None
@@ -61,6 +64,26 @@ def explain_death(output: str) -> str | None:
     by_signal = killed or (signal and code is None)
     how = f"killed by signal {signal.group(1)}" if by_signal else f"exited with status {code or '?'}"
     return f"rank {by_pid[pid]} (pid {pid} on {host}) {how}"
+
+
+def _intel_ends(output: str) -> str | None:
+    """Intel MPI's hydra names the rank, but reports every rank it saw end, each as "RANK 1 PID 7
+    RUNNING AT b" then "KILLED BY SIGNAL: 9 (Killed)" or "EXIT CODE: 3", in rank order, and ends
+    the survivors with the same SIGKILL a dead rank may have died of: with more than one report the
+    first to fail cannot be told, and the line says so rather than guess."""
+    ends = re.findall(r"RANK (\d+) PID (\d+) RUNNING AT (\S+)\s*\n=?\s*(KILLED BY SIGNAL|EXIT CODE): (\d+)", output)
+    if not ends:
+        return None
+    how = {"KILLED BY SIGNAL": "killed by signal", "EXIT CODE": "exited with status"}
+    if len(ends) == 1:
+        rank, pid, host, kind, code = ends[0]
+        return f"rank {rank} (pid {pid} on {host}) {how[kind]} {code}"
+    ranks = " or ".join(f"rank {rank}" for rank, *_ in ends)
+    each = "; ".join(f"pid {pid} on {host} {how[kind]} {code}" for _, pid, host, kind, code in ends)
+    return (
+        f"{ranks} ended the job ({each}); Intel MPI's launcher reports every rank it ended, "
+        "so which failed first cannot be told"
+    )
 
 
 def launcher_family(mpiexec: str) -> str:

@@ -231,3 +231,37 @@ def test_the_killed_rank_is_named_when_its_peer_ended_too():
     )
     assert both.index("PID 4100") < both.index("PID 4242")
     assert explain_death(both) == "rank 1 (pid 4242 on b) killed by signal 9"
+
+
+# What Intel MPI 2021's hydra printed when rank 1 of a two-rank job was SIGKILLed: it ended rank 0
+# with the same signal and reported both, in rank order.
+INTEL = """processes: rank 0 = pid 25244 on vm, rank 1 = pid 25245 on vm
+mpi_sgd fault: rank 1, step 3: kill (MPI_SGD_FAULT=1:3:kill) at 1000.0
+
+===================================================================================
+=   BAD TERMINATION OF ONE OF YOUR APPLICATION PROCESSES
+=   RANK 0 PID 25244 RUNNING AT vm
+=   KILLED BY SIGNAL: 9 (Killed)
+===================================================================================
+
+===================================================================================
+=   BAD TERMINATION OF ONE OF YOUR APPLICATION PROCESSES
+=   RANK 1 PID 25245 RUNNING AT vm
+=   KILLED BY SIGNAL: 9 (Killed)
+===================================================================================
+"""
+
+
+def test_intel_mpis_report_of_every_rank_is_not_read_as_the_first_to_die():
+    from mpi_sgd.faultmatrix import CASES, judge
+    from mpi_sgd.launchers import explain_death
+
+    said = explain_death(INTEL)
+    assert said.startswith("rank 0 or rank 1 ended the job (pid 25244 on vm killed by signal 9; pid 25245")
+    assert said.endswith("cannot be told")
+    one = INTEL.split("\n\n=====")[0] + "\n\n=====" + INTEL.split("\n\n=====")[2]  # the start line and rank 1's block
+    assert explain_death(one) == "rank 1 (pid 25245 on vm) killed by signal 9"
+    assert "exited with status 3" in explain_death(INTEL.replace("KILLED BY SIGNAL: 9 (Killed)", "EXIT CODE: 3"))
+    kill = next(c for c in CASES if c.fault and c.fault.endswith("kill"))
+    assert judge(kill, 9, INTEL, 990.0, 1000.5, 3).passed  # says it cannot tell, naming rank 1 among them
+    assert not judge(kill, 9, INTEL.replace("RANK 1 PID", "RANK 2 PID"), 990.0, 1000.5, 3).passed
