@@ -16,6 +16,10 @@ backward, gradient averaging, momentum update) at per-rank batch B for:
   (:meth:`mpi_sgd.gradsync.GradSync.outgoing`): set beside ``bucketed``, what that check costs;
 * ``noise-scale`` (only when named) ``bucketed`` measuring the gradient noise scale as
   ``--noise-scale`` does (:mod:`mpi_sgd.noisescale`): set beside ``bucketed``, what measuring it costs;
+* ``bucketed-alone`` (only when named) ``bucketed`` over a one-rank communicator: the hooks, the
+  copies into and out of the buckets, the check and the scaling, with nothing to wait for. With
+  ``local``, ``unchecked`` and ``comm-only`` beside it, the report splits ``bucketed``'s step into
+  where its time goes (:func:`.sgd_report.breakdown`);
 * ``bucketed-no-watchdog`` (only when asked for) ``bucketed`` on the communicator under the stall
   watchdog that ``comm.init`` puts around every job: ``bucketed`` over this is what the watchdog
   costs per step (its thread runs in both);
@@ -54,6 +58,7 @@ import torch
 from .. import gradsync
 from ..args import UsageError, add_command, choices_list, flag, nonneg_int, positive_floats, positive_int
 from ..comm import BACKENDS
+from ..comm.backends.local import LocalComm
 from ..comm.buffers import zeros
 from ..comm.wrappers.watchdog import without_watchdog
 from ..config import TrainConfig
@@ -64,7 +69,7 @@ from ..replicas import replicate
 from ..report import Output, save_results
 from ..step import make_optimizer, train_step
 from ..timing import WARMUP_STEPS, time_interleaved
-from .sgd_report import add_ratios, plot, spread, table, targets, verdicts, watchdog_costs
+from .sgd_report import add_ratios, breakdown, plot, spread, table, targets, verdicts, watchdog_costs
 
 MODELS = ("mlp", "simplenet")  # --model names, built for 784 features and 10 classes
 FEATURES, CLASSES = BENCHMARK_MLP[0], BENCHMARK_MLP[-1]
@@ -83,13 +88,14 @@ class Variant:
     ddp: str | None = None  # DistributedDataParallel over the seam's torch backend of this name
     comm_only: bool = False  # no training: one all-reduce as large as all the gradients
     noise: bool = False  # measuring the gradient noise scale (mpi_sgd.noisescale)
+    alone: bool = False  # over a one-rank communicator: the strategy's own work, nothing to wait for
     sweeps: bool = False  # timed once per --bucket-mb
     optional: bool = False  # timed only when named in --variants
 
     @property
     def shared_buckets(self) -> bool:
         """The plain flat or bucketed step with its buckets where the communicator shares memory."""
-        plain = self.shared is None and self.checked and self.watchdog and not self.noise
+        plain = self.shared is None and self.checked and self.watchdog and not (self.noise or self.alone)
         return self.strategy in ("flat", "bucketed") and plain
 
 
@@ -105,6 +111,7 @@ TABLE = {
         Variant("unchecked", "bucketed", checked=False, optional=True),
         Variant("noise-scale", "bucketed", noise=True, optional=True),
         Variant("bucketed-no-watchdog", "bucketed", watchdog=False, sweeps=True, optional=True),
+        Variant("bucketed-alone", "bucketed", alone=True, optional=True),
     )
 }
 VARIANTS = tuple(n for n, v in TABLE.items() if not v.optional)  # the default --variants
@@ -173,7 +180,7 @@ def bench_model(comm, name: str, args, ddp_groups: dict | None = None, device=No
             calls[key] = lambda grads=grads: comm.allreduce(grads, "sum")
             continue
         if spec.strategy is not None:
-            on = comm if spec.watchdog else without_watchdog(comm)
+            on = LocalComm() if spec.alone else comm if spec.watchdog else without_watchdog(comm)
             bucket_mb = mb if mb is not None else args.bucket_mb[0]
             sync = gradsync.make(spec.strategy, model, on, bucket_mb, shared=spec.shared)
             sync.check_finite = spec.checked
@@ -250,6 +257,11 @@ def main(comm, args: Flags) -> int:
         watched = {n: v.strategy for n, v in TABLE.items() if not v.watchdog}
         for line in watchdog_costs(rows, watched):
             print(f"watchdog: {line}")
+        for model in args.models:
+            lines = breakdown([r for r in rows if r["model"] == model])
+            if lines:
+                print(f"\nwhere bucketed's step goes, {model} (ms per step, medians of interleaved variants):")
+                print("\n".join(lines))
         payload = {
             "world_size": comm.size,
             "batch_size": args.batch_size,

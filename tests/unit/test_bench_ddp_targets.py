@@ -47,3 +47,18 @@ def test_no_verdict_without_every_variant_it_needs():
     assert targets(partial) == []
     # two lines per model that has them all
     assert len(targets(rows(0.008, 0.01, 0.019, 0.011) + rows(0.004, 0.005, 0.009, 0.005, "simplenet"))) == 4
+
+
+def test_breakdown_splits_the_bucketed_step_into_parts_that_add_up():
+    from mpi_sgd.bench.sgd_report import breakdown
+
+    steps = {"local": 10.0, "bucketed": 11.5, "bucketed-alone": 10.6, "unchecked": 11.3, "comm-only": 0.7}
+    made = [{"model": "mlp", "variant": v, "step_s": ms / 1e3} for v, ms in steps.items()]
+    lines = breakdown(made)
+    parts = [float(line.split()[-3]) for line in lines[:-1]]
+    # compute 10, own work 0.6 - 0.2 (the check) = 0.4, check 0.2, all-reduce 0.7, the rest 11.5 - 10.6 - 0.7 = 0.2
+    assert parts == [10.0, 0.4, 0.2, 0.7, 0.2]
+    assert round(sum(parts), 3) == float(lines[-1].split()[-3]) == 11.5
+    assert lines[-1].endswith("1.150x local") and all(len(line) <= 120 for line in lines)
+    assert len(breakdown([r for r in made if r["variant"] != "unchecked"])) == 5  # the check stays in own work
+    assert breakdown([r for r in made if r["variant"] != "comm-only"]) == []  # a part missing: no split
