@@ -94,7 +94,8 @@ def launcher_family(mpiexec: str) -> str:
         said = subprocess.run([mpiexec, "--version"], capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.TimeoutExpired):
         return "other"
-    return "hydra" if "HYDRA" in said else "openmpi" if "Open MPI" in said else "other"
+    # Open MPI 5's prterun says "(Open MPI) 5.0.x"; Open MPI 4's orterun says "(OpenRTE) 4.1.x".
+    return "hydra" if "HYDRA" in said else "openmpi" if re.search(r"Open MPI|OpenRTE", said) else "other"
 
 
 def stop_signal(mpiexec: str) -> signal.Signals:

@@ -265,3 +265,24 @@ def test_intel_mpis_report_of_every_rank_is_not_read_as_the_first_to_die():
     kill = next(c for c in CASES if c.fault and c.fault.endswith("kill"))
     assert judge(kill, 9, INTEL, 990.0, 1000.5, 3).passed  # says it cannot tell, naming rank 1 among them
     assert not judge(kill, 9, INTEL.replace("RANK 1 PID", "RANK 2 PID"), 990.0, 1000.5, 3).passed
+
+
+@pytest.mark.parametrize(
+    "said, family",
+    [
+        ("HYDRA build details:\n    Version:   5.0.2\n", "hydra"),
+        ("prterun (Open MPI) 5.0.11\n\nReport bugs to https://www.open-mpi.org/community/help/\n", "openmpi"),
+        ("mpiexec.openmpi (OpenRTE) 4.1.4\n\nReport bugs to http://www.open-mpi.org/community/help/\n", "openmpi"),
+        ("something else 1.0\n", "other"),
+    ],
+)
+def test_the_launcher_family_from_what_mpiexec_version_says(tmp_path, said, family):
+    import signal
+
+    from mpi_sgd.launchers import launcher_family, stop_signal
+
+    fake = tmp_path / "mpiexec"
+    fake.write_text(f"#!/bin/sh\ncat <<'EOF'\n{said}EOF\n")
+    fake.chmod(0o755)
+    assert launcher_family(str(fake)) == family
+    assert stop_signal(str(fake)) == (signal.SIGUSR1 if family == "openmpi" else signal.SIGTERM)
