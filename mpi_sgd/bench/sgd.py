@@ -20,6 +20,8 @@ backward, gradient averaging, momentum update) at per-rank batch B for:
   copies into and out of the buckets, the check and the scaling, with nothing to wait for. With
   ``local``, ``unchecked`` and ``comm-only`` beside it, the report splits ``bucketed``'s step into
   where its time goes (:func:`.sgd_report.breakdown`);
+* ``local-synced`` (only when named) ``local`` with a barrier after each step: what waiting for the
+  slower rank costs a synchronous step before a byte of gradient moves;
 * ``bucketed-no-watchdog`` (only when asked for) ``bucketed`` on the communicator under the stall
   watchdog that ``comm.init`` puts around every job: ``bucketed`` over this is what the watchdog
   costs per step (its thread runs in both);
@@ -51,6 +53,7 @@ verdicts are :mod:`.sgd_report`'s.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import torch
@@ -89,6 +92,7 @@ class Variant:
     comm_only: bool = False  # no training: one all-reduce as large as all the gradients
     noise: bool = False  # measuring the gradient noise scale (mpi_sgd.noisescale)
     alone: bool = False  # over a one-rank communicator: the strategy's own work, nothing to wait for
+    synced: bool = False  # a barrier after each step (local-synced)
     sweeps: bool = False  # timed once per --bucket-mb
     optional: bool = False  # timed only when named in --variants
 
@@ -112,6 +116,7 @@ TABLE = {
         Variant("noise-scale", "bucketed", noise=True, optional=True),
         Variant("bucketed-no-watchdog", "bucketed", watchdog=False, sweeps=True, optional=True),
         Variant("bucketed-alone", "bucketed", alone=True, optional=True),
+        Variant("local-synced", synced=True, optional=True),
     )
 }
 VARIANTS = tuple(n for n, v in TABLE.items() if not v.optional)  # the default --variants
@@ -138,14 +143,21 @@ class Flags(Output):
     device: str = flag("cpu", "cpu, or cuda: one GPU per local rank")
 
 
-def _step_fn(model, optimizer, sync, x, y, record, blocked: bool):
+def _step_fn(model, optimizer, sync, x, y, record, blocked: bool, barrier=None):
     """The trainer's step as a call to time; each call appends ``(step seconds, seconds blocked in
     communication)`` to ``record``, so the per-step spread ([DDP-bench]'s std columns) comes for
-    free. ``blocked`` False: the time blocked is not known (DDP communicates inside backward)."""
+    free. ``blocked`` False: the time blocked is not known (DDP communicates inside backward).
+    ``barrier``: called after each step, inside its time (local-synced)."""
 
     def step():
         s = train_step(model, optimizer, sync, x, y)
-        record.append((s.seconds, s.t_sync if blocked else float("nan")))
+        if barrier is None:
+            record.append((s.seconds, s.t_sync if blocked else float("nan")))
+            return
+        t0 = time.perf_counter()
+        barrier()
+        waited = time.perf_counter() - t0
+        record.append((s.seconds + waited, waited))
 
     return step
 
@@ -193,7 +205,14 @@ def bench_model(comm, name: str, args, ddp_groups: dict | None = None, device=No
             sync = gradsync.LocalGradients(model)
         records[key] = []
         calls[key] = _step_fn(
-            model, make_optimizer(OPTIMIZER, model), sync, x, y, records[key], spec.strategy is not None
+            model,
+            make_optimizer(OPTIMIZER, model),
+            sync,
+            x,
+            y,
+            records[key],
+            spec.strategy is not None,
+            comm.barrier if spec.synced else None,
         )
     iterations = args.steps_per_round * args.rounds
     gpu = torch.cuda.synchronize if device.type == "cuda" else None  # kernels finish after the call returns

@@ -124,26 +124,29 @@ def targets(rows) -> list[str]:
 
 def breakdown(rows) -> list[str]:
     """``bucketed``'s step split by subtraction of variants timed in the same interleaved run: the
-    compute (``local``), the strategy's own work with nothing to wait for (``bucketed-alone`` less
-    ``local``, less the non-finite check where ``unchecked`` gives it), the all-reduce of every
-    gradient on its own (``comm-only``), and the rest: ranks waiting for each other and polling,
-    less whatever overlap hid (negative when it hid more than that). Empty unless the rows of one
-    model have ``local``, ``bucketed``, ``bucketed-alone`` and ``comm-only``."""
+    compute (``local``, which takes the non-finite check's sums too, as a floor must), the strategy's
+    own work with nothing to wait for (``bucketed-alone`` less ``local``: hooks, bucket copies,
+    scaling), waiting for the slower rank where ``local-synced`` gives it, the all-reduce of every
+    gradient on its own (``comm-only``), and the rest: polling (and, without ``local-synced``,
+    waiting for each other), less whatever overlap hid (negative when it hid more).
+    With ``unchecked`` in the run, a last line says what the check adds to the communicating step.
+    Empty unless the rows of one model have ``local``, ``bucketed``, ``bucketed-alone`` and ``comm-only``."""
     ms = {r["variant"]: 1e3 * r["step_s"] for r in rows}
     if not {"local", "bucketed", "bucketed-alone", "comm-only"} <= ms.keys():
         return []
-    check = ms["bucketed"] - ms["unchecked"] if "unchecked" in ms else None
-    own = ms["bucketed-alone"] - ms["local"] - (check or 0.0)
-    rest = ms["bucketed"] - ms["bucketed-alone"] - ms["comm-only"]
+    straggle = ms["local-synced"] - ms["local"] if "local-synced" in ms else None
+    rest = ms["bucketed"] - ms["bucketed-alone"] - ms["comm-only"] - (straggle or 0.0)
     parts = [
-        ("compute: forward, backward, update (local)", ms["local"]),
-        ("hooks, bucket copies, scaling (bucketed-alone - local" + (" - check)" if check is not None else ")"), own),
-        *([("non-finite check (bucketed - unchecked)", check)] if check is not None else []),
+        ("compute: forward, backward, check's sums, update (local)", ms["local"]),
+        ("hooks, bucket copies, scaling (bucketed-alone - local)", ms["bucketed-alone"] - ms["local"]),
+        *([("waiting for the slower rank (local-synced - local)", straggle)] if straggle is not None else []),
         ("all-reduce of every gradient, alone (comm-only)", ms["comm-only"]),
-        ("waiting and polling, less overlap (the rest)", rest),
+        ("polling and waiting" + ("" if straggle is not None else " for ranks") + ", less overlap (the rest)", rest),
+        ("bucketed step", ms["bucketed"]),
     ]
-    lines = [f"  {what:<64} {v:8.3f}  {v / ms['local']:6.3f}x local" for what, v in parts]
-    return lines + [f"  {'bucketed step':<64} {ms['bucketed']:8.3f}  {ms['bucketed'] / ms['local']:6.3f}x local"]
+    if "unchecked" in ms:
+        parts.append(("(the non-finite check's share of it: bucketed - unchecked)", ms["bucketed"] - ms["unchecked"]))
+    return [f"  {what:<64} {v:8.3f}  {v / ms['local']:6.3f}x local" for what, v in parts]
 
 
 def table(rows) -> str:

@@ -55,10 +55,20 @@ def test_breakdown_splits_the_bucketed_step_into_parts_that_add_up():
     steps = {"local": 10.0, "bucketed": 11.5, "bucketed-alone": 10.6, "unchecked": 11.3, "comm-only": 0.7}
     made = [{"model": "mlp", "variant": v, "step_s": ms / 1e3} for v, ms in steps.items()]
     lines = breakdown(made)
-    parts = [float(line.split()[-3]) for line in lines[:-1]]
-    # compute 10, own work 0.6 - 0.2 (the check) = 0.4, check 0.2, all-reduce 0.7, the rest 11.5 - 10.6 - 0.7 = 0.2
-    assert parts == [10.0, 0.4, 0.2, 0.7, 0.2]
-    assert round(sum(parts), 3) == float(lines[-1].split()[-3]) == 11.5
-    assert lines[-1].endswith("1.150x local") and all(len(line) <= 120 for line in lines)
-    assert len(breakdown([r for r in made if r["variant"] != "unchecked"])) == 5  # the check stays in own work
+    values = [float(line.split()[-3]) for line in lines]
+    # compute 10, own work 0.6, all-reduce 0.7, the rest 11.5 - 10.6 - 0.7 = 0.2; the step; the check's 0.2
+    assert values == [10.0, 0.6, 0.7, 0.2, 11.5, 0.2]
+    assert round(sum(values[:4]), 3) == values[4]
+    assert lines[4].endswith("1.150x local") and all(len(line) <= 120 for line in lines)
+    assert len(breakdown([r for r in made if r["variant"] != "unchecked"])) == 5  # no check line
     assert breakdown([r for r in made if r["variant"] != "comm-only"]) == []  # a part missing: no split
+
+
+def test_breakdown_takes_the_wait_for_the_slower_rank_apart_when_it_was_timed():
+    from mpi_sgd.bench.sgd_report import breakdown
+
+    steps = {"local": 10.0, "local-synced": 10.3, "bucketed": 11.5, "bucketed-alone": 10.6, "comm-only": 0.5}
+    lines = breakdown([{"model": "mlp", "variant": v, "step_s": ms / 1e3} for v, ms in steps.items()])
+    values = [float(line.split()[-3]) for line in lines]
+    assert values == [10.0, 0.6, 0.3, 0.5, 0.1, 11.5]  # the rest: 11.5 - 10.6 - 0.5 - 0.3
+    assert "slower rank" in lines[2] and round(sum(values[:5]), 3) == values[5]
