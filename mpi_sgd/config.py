@@ -20,6 +20,7 @@ from .comm import BACKENDS, TORCH_BACKENDS
 from .comm.wrappers.compress import DTYPES as COMPRESS_DTYPES
 from .data import BUILTIN
 from .gradsync import STRATEGIES
+from .lateverdict import VERDICTS, late_conflicts
 from .lrschedule import SCALINGS, SCHEDULES, parse_warmup
 from .models import MODELS
 
@@ -74,6 +75,11 @@ class TrainConfig:
         "stop",
         "a non-finite loss or gradient on any rank: 'stop' every rank at that step (non-zero exit), or "
         "'skip' the step on every rank",
+    )
+    nonfinite_verdict: str = _flag(
+        "auto",
+        "when that verdict reaches the host: 'now' (each step waits for it), 'next-step' (a bad step is "
+        "skipped on the device and reported after the next one; no wait per step), 'auto': next-step on GPUs",
     )
     check_every: int = _flag(
         100, "compare a checksum of the parameters across ranks every this many steps, and at the end (0: end only)"
@@ -181,6 +187,12 @@ class TrainConfig:
             self.on_nonfinite in NONFINITE,
             f"unknown --on-nonfinite {self.on_nonfinite!r}; choose one of {', '.join(NONFINITE)}",
         )
+        check(
+            self.nonfinite_verdict in VERDICTS,
+            f"unknown --nonfinite-verdict {self.nonfinite_verdict!r}; choose one of {', '.join(VERDICTS)}",
+        )
+        conflict = late_conflicts(self) if self.nonfinite_verdict == "next-step" else None
+        check(conflict is None, f"--nonfinite-verdict next-step cannot be used here: {conflict}; use now")
         check(self.max_steps >= 0, f"--max-steps must be 0 or more, got {self.max_steps}")
         for name in ("stall_timeout", "stall_abort", "save_timeout"):
             value = getattr(self, name)

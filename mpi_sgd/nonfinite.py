@@ -106,6 +106,21 @@ class NonFiniteFlag:
             self._reduced = sent
         return ok
 
+    def finite_flag(self) -> torch.Tensor:
+        """:meth:`finite` without reading it: a 0-dim bool tensor on the gradients' device, the same
+        on every rank, for a verdict read a step later (:mod:`mpi_sgd.lateverdict`)."""
+        sent, self._sent = self._sent, None
+        if sent is None:
+            return torch.ones((), dtype=torch.bool)
+        if sent:  # element 0 of each reduced buffer carries every rank's losses and sums
+            return torch.isfinite(torch.cat([b.view(-1)[:1] for b in sent])).all()
+        self._sums = [p.grad.sum() for p in self.params if p.grad is not None]  # nothing was communicated
+        device = self.params[0].device
+        ok = torch.isfinite(torch.stack(self._sums)).all() if self._sums else torch.ones((), dtype=torch.bool)
+        if self._loss_flag is not None:
+            ok = ok & torch.isfinite(self._loss_flag).all()
+        return ok.to(device) & self._loss_ok
+
     @property
     def local_finite(self) -> bool:
         """After a step: whether this rank's own losses and gradients were finite, before sending.
@@ -151,6 +166,11 @@ def describe(everyone: list[tuple], where: str) -> str:
     if tampered:
         by = "; ".join(f"rank {r} ({t})" for r, t in tampered)
         return f"non-finite gradient {where}: corrupted in transit by {by}; {own}"
+    if everyone[0][2] is None:  # read a step late (mpi_sgd.lateverdict): the sum is gone
+        return (
+            f"non-finite gradient {where}: the sum was not finite though {own}: corrupted in transit or too "
+            "large to add up (a verdict read a step late keeps no copy of the sum to tell which)"
+        )
     if everyone[0][2]:
         return (
             f"non-finite gradient {where}: the sum holds NaN though {own}: corrupted in transit (finite "

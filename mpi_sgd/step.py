@@ -24,16 +24,18 @@ class TrainingDiverged(JobError):
     """A loss or gradient is no longer a finite number: every later step would train on garbage."""
 
 
-def make_optimizer(cfg: TrainConfig, model) -> torch.optim.Optimizer:
+def make_optimizer(cfg: TrainConfig, model, fused: bool = False) -> torch.optim.Optimizer:
     """``cfg``'s optimizer over a model's parameters, or over a list of tensors (a sharded optimizer's shards).
 
     ``cfg.optimizer`` ``sgd`` (with ``cfg.momentum``) or ``adam``, at ``cfg.lr``: the trainer's, and
     every benchmark's and example's, which pass a :class:`TrainConfig` of the settings they want.
+    ``fused``: torch's fused implementation, the one that can skip a step on the device (``found_inf``).
     """
     params = model.parameters() if isinstance(model, torch.nn.Module) else model
+    kind = {"fused": True} if fused else {}
     if cfg.optimizer == "adam":
-        return torch.optim.Adam(params, lr=cfg.lr)
-    return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum)
+        return torch.optim.Adam(params, lr=cfg.lr, **kind)
+    return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, **kind)
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,8 @@ class Step:
     t_sync: float  # blocked in gradient communication
     stats: torch.Tensor  # float64 (loss summed over samples, correct predictions, samples)
     finite: bool = True  # every rank's loss and gradients were finite; if not, the optimizer did not step
+    verdict: torch.Tensor | None = None  # train_step(late=True): ``finite`` as a device tensor, not yet read
+    raw_stats: torch.Tensor | None = None  # late: ``stats`` before a bad step's were zeroed
 
     @property
     def seconds(self) -> float:
@@ -59,6 +63,7 @@ def train_step(
     grad_accum: int = 1,
     amp: MixedPrecision | None = None,
     hook: Callable[[str], None] | None = None,
+    late: bool = False,
 ) -> Step:
     """One optimizer step on this rank's batch: the step the trainer runs and every benchmark times.
 
@@ -74,6 +79,10 @@ def train_step(
     ``hook``, if given, is called with ``"averaged"`` once the gradients are averaged, before the
     optimizer step, and with ``"updated"`` after it: where ``bench zero`` samples memory and times
     the update, on this very step rather than a copy of it.
+
+    ``late``: the verdict is not read here (:mod:`mpi_sgd.lateverdict`). The optimizer, which must
+    be fused, skips a bad step on the device (``found_inf``), the stats come back zeroed for it, and
+    ``Step.verdict`` holds the verdict for the caller to read later; ``finite`` says True.
     """
     amp = amp or MixedPrecision("none", x.device.type)
     classification, loss_fn = _loss_for(y)
@@ -113,16 +122,27 @@ def train_step(
         hook("averaged")
     sync.where("optimizer")
     t0 = time.perf_counter()
-    finite = sync.finite()
-    if finite:
-        if noise is not None:
-            noise.commit()
-        amp.step(optimizer)  # with fp16's scaler: skipped on every rank alike if a gradient overflowed
+    verdict = raw = None
+    if late:  # no host wait: a bad step is skipped on the device (see mpi_sgd.lateverdict)
+        finite, verdict = True, sync.finite_flag()
+        optimizer.found_inf = (~verdict).to(torch.float32)  # as torch's GradScaler hands it over
+        try:
+            amp.step(optimizer)
+        finally:
+            del optimizer.found_inf
+        raw = stats.clone()
+        stats.mul_(verdict)
+    else:
+        finite = sync.finite()
+        if finite:
+            if noise is not None:
+                noise.commit()
+            amp.step(optimizer)  # with fp16's scaler: skipped on every rank alike if a gradient overflowed
     end = time.perf_counter()
     sync.record("optimizer", t0, end)
     if hook is not None:
         hook("updated")
-    return Step(end - start - sync.seconds, sync.seconds, stats, finite)
+    return Step(end - start - sync.seconds, sync.seconds, stats, finite, verdict, raw)
 
 
 def _loss_for(y: torch.Tensor):

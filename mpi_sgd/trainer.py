@@ -33,6 +33,7 @@ from .comm import split_counts
 from .config import TrainConfig
 from .convergence import Convergence
 from .gradsync import GradSync
+from .lateverdict import LateVerdict, wanted
 from .launchers import processes_line
 from .models import build_model
 from .nonfinite import diagnose
@@ -80,6 +81,8 @@ class Trainer:
         self.preemption, self.signalled = None, 0  # in train(): SIGTERM/SIGUSR1 caught, and agreed
         self.events = sync.events  # shared with the strategy, which adds its allreduces
         self.amp = MixedPrecision(cfg.amp, next(model.parameters()).device.type)
+        late = wanted(cfg, next(model.parameters()).device.type) and getattr(optimizer, "defaults", {}).get("fused")
+        self.late = LateVerdict() if late else None  # verdicts read a step late (mpi_sgd.lateverdict)
         # rates, noise scale, target; a schedule spans --epochs (--max-steps only cuts a run short)
         self.conv = Convergence(cfg, comm, sync, self.steps_per_epoch, cfg.epochs * self.steps_per_epoch)
         if self.events is not None:
@@ -113,7 +116,7 @@ class Trainer:
         if cfg.zero:  # sharded data parallel: the optimizer steps on this rank's shards only
             sync, optimizer = zero.make(cfg.zero, model, comm, lambda shards: make_optimizer(cfg, shards), events)
         else:  # (ZeroEngine compares its own units across ranks)
-            optimizer = make_optimizer(cfg, model)
+            optimizer = make_optimizer(cfg, model, fused=wanted(cfg, dataset.x.device.type))
             sync = gradsync.make(cfg.strategy, model, comm, cfg.bucket_mb, events, compress=cfg.compress)
             agree.check_layout(comm, sync)
         if cfg.amp == "fp16":
@@ -127,14 +130,27 @@ class Trainer:
         zeros for a step left out because some rank's loss or gradient was not finite."""
         self.comm.where("batch", self.step + 1)  # steps count from 1, as a stall report names them
         self.conv.before_step(self.optimizer)
-        step = train_step(self.model, self.optimizer, self.sync, x, y, self.cfg.grad_accum, self.amp)
+        late = self.late is not None
+        step = train_step(self.model, self.optimizer, self.sync, x, y, self.cfg.grad_accum, self.amp, late=late)
         self.conv.after_step(step.finite)
         self.t_comp.append(step.t_comp)
         self.t_sync.append(step.t_sync)
+        if late:  # the previous step's verdict, already on the host (its stats were zeroed on the device)
+            self._on_late(self.late.push(self.step + 1, self.epoch, step.verdict, step.raw_stats, self.sync))
+            return step.stats
         if not step.finite:  # the same verdict on every rank, at the same step
-            self._on_nonfinite(step.stats)
+            self._on_nonfinite(step.stats[0].item() / max(step.stats[2].item(), 1), self.step + 1, self.sync)
             return torch.zeros_like(step.stats)
         return step.stats
+
+    def _on_late(self, bad) -> None:
+        if bad is not None:
+            self._on_nonfinite(bad.loss, bad.step, bad.kept, bad.epoch)
+
+    def _settle(self) -> None:
+        """Where the host must know: read a late verdict still pending (a wait, once per epoch)."""
+        if self.late is not None:
+            self._on_late(self.late.flush())
 
     def _run_epoch(self, epoch: int) -> None:
         cfg, comm = self.cfg, self.comm
@@ -160,17 +176,20 @@ class Trainer:
             self.step_in_epoch = s + 1
             if cfg.check_every and self.step % cfg.check_every == 0:
                 self._check_replicas()
-            if comm.is_root and s % 10 == 0 and stats[2] > 0:
+            if show and comm.is_root and s % 10 == 0 and stats[2] > 0:  # (reading stats waits for a GPU)
                 bar.set_postfix(loss=f"{stats[0].item() / stats[2].item():.4f}")
             if self.conv.eval_due(self.step):  # every rank alike: the scores come out of one all-reduce
+                self._settle()
                 self._score_target()
             self.signalled = self.preemption.agreed(self.step) if self.preemption else 0  # SIGTERM, SIGUSR1
             every = cfg.checkpoint_every
             if cfg.checkpoint and every and self.step % every == 0 and s + 1 < self.steps_this_epoch:
+                self._settle()
                 self._save_checkpoint(cfg.checkpoint)  # (the epoch's end saves anyway)
             if self._done():
                 break
         bar.close()
+        self._settle()
         # Loss and accuracy over all R*B samples of the epoch and over the held-out set: one small
         # all-reduce per epoch.
         self.comm.where("evaluate")
@@ -197,23 +216,23 @@ class Trainer:
             text += f"  B_noise {row['b_noise']:.4g}" if row.get("b_noise") is not None else ""
             print(f"{text}  ({row['seconds']:.1f} s)", flush=True)
 
-    def _on_nonfinite(self, stats: torch.Tensor) -> None:
-        """Every rank is here at the same step (see :func:`train_step`): name the ranks whose loss or
-        gradient was not finite, then stop (raise :class:`TrainingDiverged` on every rank alike) or,
-        with ``--on-nonfinite skip``, go on without that step."""
-        loss = stats[0].item() / max(stats[2].item(), 1)
-        what = diagnose(self.comm, self.sync, loss, f"in step {self.step + 1} (epoch {self.epoch})")
+    def _on_nonfinite(self, loss: float, step: int, flag, epoch: int | None = None) -> None:
+        """Every rank is here for the same step (see :func:`train_step`; a late verdict's step is the
+        one before): name the ranks whose loss or gradient was not finite, then stop (raise
+        :class:`TrainingDiverged` on every rank alike) or, with ``--on-nonfinite skip``, go on without it."""
+        where = f"in step {step} (epoch {self.epoch if epoch is None else epoch})"
+        what = diagnose(self.comm, flag, loss, where)
         # Skipping helps with a bad batch; not once the parameters themselves are the cause (then
         # every later step fails as well, since skipped steps leave them as they are).
-        self.skipped_in_a_row = self.skipped_in_a_row + 1 if self._last_skipped == self.step else 1
-        self._last_skipped = self.step + 1
+        self.skipped_in_a_row = self.skipped_in_a_row + 1 if self._last_skipped == step - 1 else 1
+        self._last_skipped = step
         hopeless = self.skipped_in_a_row >= MAX_SKIPS_IN_A_ROW or not all(
             torch.isfinite(p).all() for p in self.model.parameters()
         )
         if self.cfg.on_nonfinite == "skip" and not hopeless:
             self.skipped += 1
             if self.comm.is_root:
-                print(f"skipped step {self.step + 1} on every rank: {what}", file=sys.stderr, flush=True)
+                print(f"skipped step {step} on every rank: {what}", file=sys.stderr, flush=True)
             return
         hint = ""
         if self.cfg.on_nonfinite == "skip":

@@ -84,6 +84,7 @@ PROBES = {
                 max_steps=("5", 5),
                 keep_checkpoints=("1", 1),
                 on_nonfinite=("skip", "skip"),
+                nonfinite_verdict=("next-step", "next-step"),
                 check_every=("7", 7),
                 progress=(None, True),
                 lr_scaling=("linear", "linear"),

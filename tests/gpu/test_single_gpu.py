@@ -73,3 +73,29 @@ def test_torch_mpi4py_refuses_gpu_tensors_before_anything_starts():
 
     with pytest.raises(ValueError, match="torch-mpi4py hands MPI host memory only"):
         TrainConfig(backend="torch-mpi4py", device="cuda").check_machine(1)
+
+
+def test_a_non_finite_step_is_skipped_on_the_device_and_reported_a_step_late():
+    # --nonfinite-verdict auto reads the verdict a step late on a GPU (mpi_sgd.lateverdict): the bad
+    # step is skipped by the fused optimizer on the device, then counted. The reference reads it at
+    # once (now): the two must agree to rounding (fused and unfused optimizers differ in the last bits).
+    from mpi_sgd import data
+    from mpi_sgd.comm import init
+    from mpi_sgd.config import TrainConfig
+    from mpi_sgd.trainer import Trainer
+
+    comm = init("local")
+    ds = data.toy_regression(num_samples=64, input_size=6, seed=1)
+    x = ds.x.clone()
+    x[data.rank_batches(len(ds), 0, 1, 8, 0, 3)[2][1], 2] = float("nan")  # a NaN in step 3's batch
+    poisoned = data.Dataset(x, ds.y, ds.name).to(torch.float32, "cuda")
+    base = dict(model="ffnet", dataset="toy", batch_size=8, epochs=1, progress=False, seed=3, on_nonfinite="skip")
+    runs = {}
+    for verdict in ("auto", "now"):
+        t = Trainer.from_config(TrainConfig(device="cuda", nonfinite_verdict=verdict, **base), poisoned, comm)
+        t.train()
+        runs[verdict] = (t, torch.cat([p.detach().reshape(-1) for p in t.model.parameters()]))
+    (late, a), (now, b) = runs["auto"], runs["now"]
+    assert late.late is not None and now.late is None
+    assert late.skipped == now.skipped == 1 and torch.isfinite(a).all()
+    assert torch.allclose(a, b, rtol=1e-5, atol=1e-6)

@@ -31,6 +31,7 @@ FLOORS = (
         "perfmodel",
         "guide",
         "nonfinite",
+        "lateverdict",
         "buckets",
         "bucketorder",
         "replicas",
