@@ -301,7 +301,11 @@ class Trainer:
 
     def load_checkpoint(self, path: str, auto: bool | str = False, given=frozenset()) -> str | None:
         """Resume from ``path``; the checkpoint used, or None (see :func:`mpi_sgd.resumption.load`)."""
-        return resumption.load(self, path, auto, given)
+        used = resumption.load(self, path, auto, given)
+        if self.late is not None:  # a saved optimizer brings its groups' options: keep the fused step
+            for group in self.optimizer.param_groups:
+                group.update(fused=True, foreach=None)
+        return used
 
     # -- measurements -----------------------------------------------------------------------
     def metrics(self) -> dict:

@@ -11,6 +11,10 @@ alone: compared to 1e-12 relative (a few units in the last place after a handful
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
+
 import pytest
 import torch
 
@@ -101,3 +105,22 @@ def test_what_needs_the_verdict_at_once_is_refused_or_reads_it_at_once():
             late(**kw)
     with pytest.raises(ValueError, match="unknown --nonfinite-verdict 'later'"):
         config(nonfinite_verdict="later")
+
+
+def test_a_checkpoint_saved_reading_the_verdict_at_once_resumes_reading_it_late(comm):
+    # The saved optimizer's groups say "not fused"; loading them must not take the fused step away.
+    last = comm.size - 1
+    folder = comm.bcast_obj(tempfile.mkdtemp(prefix="mpi-sgd-late-") if comm.is_root else None)
+    d = os.path.join(folder, "ck")
+    Trainer.from_config(config(max_steps=2, checkpoint=d), toy(comm), comm).train()
+    runs = []
+    for cfg in (late(max_steps=5, on_nonfinite="skip"), config(max_steps=5, on_nonfinite="skip")):
+        t = Trainer.from_config(cfg, poisoned(comm, 3, last), comm)
+        t.load_checkpoint(d)
+        t.train()
+        runs.append(t)
+    assert runs[0].late is not None and all(g["fused"] for g in runs[0].optimizer.param_groups)
+    assert runs[0].skipped == runs[1].skipped >= 1 and close(params(runs[0]), params(runs[1]))
+    comm.barrier()
+    if comm.is_root:
+        shutil.rmtree(folder)
