@@ -63,11 +63,15 @@ else ifeq ($(MPI),system)
   # from pip's wheel cache, which keys a build by mpi4py's version alone and would hand a venv for
   # Open MPI the mpi4py built earlier against MPICH.
   MPI4PY_FROM_SOURCE := --no-binary mpi4py --no-cache-dir
-  # The venv's bin gets an mpirun that is this MPI's launcher: with MPICH and Open MPI both
-  # installed, the one on PATH (Debian's alternatives) may be the other's, and the README's
-  # `mpirun -n 2 pytest --with-mpi` in the activated venv must start the MPI mpi4py was built for.
-  # A script, not a symlink: Hydra looks for its proxy beside the path it was started as.
-  LINK_MPIRUN = rm -f $(BIN)/mpirun && printf '\043!/bin/sh\nexec %s "$$@"\n' "$$(command -v $(MPIEXEC))" >$(BIN)/mpirun && chmod +x $(BIN)/mpirun
+  # The venv's bin gets an mpirun and an mpiexec that are this MPI's launcher: with MPICH and Open
+  # MPI both installed, the ones on PATH (Debian's alternatives) may be the other's, and the README's
+  # `mpirun -n 2 pytest --with-mpi` and the docs' `mpiexec -n 2 ...` in the activated venv must start
+  # the MPI mpi4py was built for. Scripts, not symlinks: Hydra looks for its proxy beside the path it
+  # was started as. The launcher is looked up with the venv's own bin left out of PATH.
+  LINK_MPIRUN = launcher=$$(PATH=$$(printf %s "$$PATH" | tr : '\n' | grep -vxF '$(BIN)' | paste -sd: -) command -v $(MPIEXEC)) \
+    || { echo "make venv MPI=system: no $(MPIEXEC) on PATH; install the MPI's launcher or pass MPIEXEC=..."; exit 2; }; \
+    for name in mpirun mpiexec; do rm -f $(BIN)/$$name \
+    && printf '\043!/bin/sh\nexec %s "$$@"\n' "$$launcher" >$(BIN)/$$name && chmod +x $(BIN)/$$name; done
   NEEDS_MPICC := command -v $${MPICC:-mpicc} >/dev/null || { echo "make venv MPI=system: no mpicc on PATH; install an MPI's development files (apt-get install libmpich-dev, or libopenmpi-dev) or load one (module load mpi)"; exit 2; }
 else
   $(error MPI must be mpich, openmpi, impi or system, not '$(MPI)')
