@@ -21,7 +21,7 @@ import tempfile
 import time
 
 from .cluster import residue
-from .launchers import launcher_family, signal_and_wait
+from .launchers import launcher_family, signal_and_wait, statuses_after_signal
 
 # A rank that notes its pid once MPI is up, then waits: killed_outright's job. A file per rank, not
 # a line: the launcher may splice two ranks' lines into one ("readyready 8033").
@@ -57,9 +57,10 @@ def ctrl_c(command: list[str], env: dict | None = None, timeout: float = 60) -> 
         ok = job.returncode != 0
         return ok, took, f"exit {job.returncode}: the launcher ended the ranks itself, silently"
     ours = [line for line in err.splitlines() if line.strip() and not line.startswith("[mpiexec@")]
-    if job.returncode != 130 or len(ours) != 1:
+    statuses = statuses_after_signal(command[0], 130)  # Hydra 4.0 may exit 0 whatever its ranks said
+    if job.returncode not in statuses or len(ours) != 1:
         return False, took, f"exit {job.returncode}, {len(ours)} line(s) of its own: {ours[:2]}"
-    return True, took, f"exit 130: {ours[0]}"
+    return True, took, f"exit {job.returncode}: {ours[0]}"
 
 
 def killed_outright(command: list[str], env: dict | None = None, timeout: float = 60) -> tuple[bool, float, str]:

@@ -22,7 +22,7 @@ import subprocess
 import tempfile
 import time
 
-from ..launchers import signal_and_wait, stop_signal
+from ..launchers import signal_and_wait, statuses_after_signal, stop_signal
 from . import store
 
 
@@ -206,7 +206,8 @@ def _equal(x, y) -> bool:
 def sigterm_saves(command: list[str], env: dict | None = None, timeout: float = 120) -> tuple[bool, float, str]:
     """Start ``command + ['--checkpoint', DIR]``, signal its launcher mid-epoch once it trains (as
     Slurm ends a job: SIGTERM, or SIGUSR1 for Open MPI's, see :func:`mpi_sgd.launchers.stop_signal`),
-    and check that it exits 75 having saved the step it stopped at, newest in
+    and check that it exits 75 (what the launcher makes of it: :func:`mpi_sgd.launchers.statuses_after_signal`)
+    having saved the step it stopped at, newest in
     ``DIR``. The seconds are from the signal to the job's exit: the step, the save and the exit."""
     import re
 
@@ -224,8 +225,9 @@ def sigterm_saves(command: list[str], env: dict | None = None, timeout: float = 
         out, _, took = ended
         said = re.search(r"^saved step (\d+) to .* on SIG(TERM|USR1)", out, re.M)
         newest = store.checkpoints(ck)[:1]
-        if job.returncode != 75 or not said or not newest:
+        statuses = statuses_after_signal(command[0], 75)  # Hydra 4.0 may exit 0 whatever its ranks said
+        if job.returncode not in statuses or not said or not newest:
             return False, took, f"exit {job.returncode}, said {said and said.group(0)!r}, checkpoints {newest}"
         if not newest[0].endswith(store.step_name(int(said.group(1)))):
             return False, took, f"said step {said.group(1)} but the newest checkpoint is {newest[0]}"
-        return True, took, f"exit 75; saved step {said.group(1)}, the newest checkpoint"
+        return True, took, f"exit {job.returncode}; saved step {said.group(1)}, the newest checkpoint"

@@ -84,7 +84,19 @@ def drill(n: int, *args: str, timeout: float = 120) -> tuple[int, list[tuple[flo
     return rc, lines, time.monotonic() - start
 
 
+def _mpich_over_ucx() -> bool:
+    """MPICH built for UCX alone (Debian's mpich): there UCX aborts a rank that reads from a dead peer."""
+    code = "import mpi4py; mpi4py.rc.initialize = False; from mpi4py import MPI; print(MPI.Get_library_version())"
+    said = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60).stdout
+    return bool(re.search(r"^MPICH Device:\s*ch4:ucx\s*$", said, re.M))  # UCX alone (the wheel's: "ch4:ucx ofi")
+
+
 def test_a_dead_worker_is_reported_and_training_finishes_without_it():
+    if _mpich_over_ucx():
+        pytest.skip(
+            "MPICH over UCX (Debian's mpich): UCX ends every rank that reads from a dead worker's memory "
+            "(process_vm_readv: No such process), so no server can outlive one there"
+        )
     # Rank 3 exits at its 12th send: after 2 hellos, 4 steps' pushes to both servers and its 5th
     # push to server 0, before the one to server 1, so the two servers lose it at different points.
     # If server 0 applied that push, rank 3 dies owing the gradient it was then granted, and rank 2
@@ -110,5 +122,7 @@ def test_a_dead_server_ends_the_job_within_ten_seconds():
     out = "\n".join(text for _, text in lines)
     died = next(t for t, text in lines if "rank 0: exiting now" in text)
     named = "no word from server rank 0 for 5 s" in out or "server rank 0 stopped in the middle of a message" in out
-    assert named and "ending the job" in out, out
+    # Under MPICH over UCX alone, UCX may abort a worker first (reading the dead server's memory):
+    # the job still ends at once, but with UCX's message instead of the workers' own.
+    assert (named and "ending the job" in out) or (_mpich_over_ucx() and "process_vm_readv" in out), out
     assert rc != 0 and ended - died < 10, out

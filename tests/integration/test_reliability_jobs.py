@@ -18,7 +18,7 @@ import numpy as np
 from mpi_sgd import jobdrills
 from mpi_sgd.checkpoint import drill
 from mpi_sgd.launch import mpiexec_command
-from mpi_sgd.launchers import stop_signal
+from mpi_sgd.launchers import statuses_after_signal, stop_signal
 
 from .conftest import EXAMPLES, ROOT, own_lines, run_mpi
 
@@ -108,7 +108,7 @@ def test_sigterm_to_mpiexec_saves_the_step_and_resume_auto_goes_on(tmp_path):
     signal = stop_signal(cmd[0])
     job.send_signal(signal)
     out, err = job.communicate(timeout=60)
-    assert job.returncode == 75, (job.returncode, err[-2000:])
+    assert job.returncode in statuses_after_signal(cmd[0], 75), (job.returncode, err[-2000:])  # or 0 under Hydra 4.0
     said = re.findall(rf"^saved step (\d+) to (.+) on {signal.name}; resume with --resume auto$", out, re.M)
     assert len(said) == 1 and said[0][1] == ck, out[-2000:]
     assert "Traceback" not in err and "BAD TERMINATION" not in out + err

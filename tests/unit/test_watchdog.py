@@ -286,3 +286,17 @@ def test_the_launcher_family_from_what_mpiexec_version_says(tmp_path, said, fami
     fake.chmod(0o755)
     assert launcher_family(str(fake)) == family
     assert stop_signal(str(fake)) == (signal.SIGUSR1 if family == "openmpi" else signal.SIGTERM)
+
+
+def test_the_status_a_launcher_passes_on_after_a_signal(tmp_path):
+    from mpi_sgd.launchers import statuses_after_signal
+
+    for said, status in (
+        ("HYDRA build details:\n    Version:   4.0.2\n", {0, 75}),
+        ("HYDRA build details:\n    Version:   5.0.2\n", {75}),
+        ("mpiexec (OpenRTE) 4.1.4\n", {75}),
+    ):
+        fake = tmp_path / "mpiexec"
+        fake.write_text(f"#!/bin/sh\ncat <<'EOF'\n{said}EOF\n")
+        fake.chmod(0o755)
+        assert statuses_after_signal(str(fake), 75) == status, said
