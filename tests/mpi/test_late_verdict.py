@@ -18,11 +18,10 @@ import tempfile
 import pytest
 import torch
 
-from mpi_sgd.comm.wrappers.faults import Fault, FaultComm
 from mpi_sgd.config import TrainConfig
 from mpi_sgd.trainer import Trainer, TrainingDiverged
 
-from .test_reliability import config, params, poisoned, toy
+from .test_reliability import config, params, poisoned, stopped_by_a_nan_in_transit, toy
 
 pytestmark = pytest.mark.mpi
 
@@ -85,13 +84,7 @@ def test_a_bad_last_step_is_read_before_the_run_ends(comm):
 
 
 def test_a_sum_corrupted_in_transit_is_named_a_step_late(comm):
-    last = comm.size - 1
-    faulty = FaultComm(comm, Fault(last, 3, "nan"))
-    t = Trainer.from_config(late(strategy="bucketed", bucket_mb=0.001), toy(comm), faulty)
-    with pytest.raises(TrainingDiverged) as e:
-        t.train()
-    text = str(e.value)
-    assert f"in step 3 (epoch 0): corrupted in transit by rank {last} (MPI_SGD_FAULT={last}:3:nan" in text
+    t, text = stopped_by_a_nan_in_transit(comm, late(strategy="bucketed", bucket_mb=0.001))
     assert t.step == 3 and comm.allgather_obj(text) == [text] * comm.size
 
 

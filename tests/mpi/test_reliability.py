@@ -70,17 +70,23 @@ def test_nan_on_one_rank_stops_every_rank_at_that_step(comm, strategy):
     assert torch.equal(params(t), params(clean))
 
 
-def test_nan_sent_by_one_rank_is_named_on_every_rank(comm):
-    # The NaN enters inside the last rank's all-reduce, after its own gradients were checked: every
-    # rank sees only a bad sum, yet every rank stops at that step with one message naming the rank
-    # (the fault wrapper says what it did; a bad link would be reported as corruption, no rank named).
+def stopped_by_a_nan_in_transit(comm, cfg: TrainConfig) -> tuple[Trainer, str]:
+    """Train ``cfg`` with a NaN put into the last rank's all-reduce at step 3; the trainer and its
+    message, checked to name that rank as the fault wrapper says it acted."""
     last = comm.size - 1
-    faulty = FaultComm(comm, Fault(last, 3, "nan"))
-    t = Trainer.from_config(config(strategy="bucketed", bucket_mb=0.001), toy(comm), faulty)
+    t = Trainer.from_config(cfg, toy(comm), FaultComm(comm, Fault(last, 3, "nan")))
     with pytest.raises(TrainingDiverged) as e:
         t.train()
     text = str(e.value)
     assert f"in step 3 (epoch 0): corrupted in transit by rank {last} (MPI_SGD_FAULT={last}:3:nan" in text
+    return t, text
+
+
+def test_nan_sent_by_one_rank_is_named_on_every_rank(comm):
+    # The NaN enters inside the last rank's all-reduce, after its own gradients were checked: every
+    # rank sees only a bad sum, yet every rank stops at that step with one message naming the rank
+    # (the fault wrapper says what it did; a bad link would be reported as corruption, no rank named).
+    t, text = stopped_by_a_nan_in_transit(comm, config(strategy="bucketed", bucket_mb=0.001))
     assert "every rank's own gradient was finite before sending" in text
     assert t.step == 2 and comm.allgather_obj(text) == [text] * comm.size
 
