@@ -23,6 +23,10 @@ user's targets, and one default learning rate suits every task.
 
 Why one module of over 300 lines: each format's loader knows what its checks must refuse in one line
 (exit 2) before any rank communicates, so loading, checking and cutting batches stay together.
+
+Why over 300 lines: the datasets, their load-time checks and the per-epoch partition are
+one public API (``data.rank_batches``, ``data.Dataset``, ``data.load`` are what recipes and
+the docs import); split, users would have to learn which half a name lives in.
 """
 
 from __future__ import annotations

@@ -15,6 +15,10 @@ After each epoch the model is scored on the held-out ``val`` set (dropout off): 
 even share, and the sums travel in the epoch's one small all-reduce, so validation costs no message.
 The loop and its measurements live here; saving and resuming in :mod:`mpi_sgd.resumption`, what a
 non-finite step is blamed on in :func:`mpi_sgd.nonfinite.diagnose`.
+
+Why over 300 lines: what is left here is the loop and what reads or changes the trainer's
+own state at each step (skips, verdicts, checkpoints' hand-off); the rest already lives
+apart (step.py, lateverdict.py, resumption.py, metrics.py, convergence.py).
 """
 
 from __future__ import annotations
