@@ -211,8 +211,12 @@ def test_a_late_rank_in_a_part_is_named_with_the_parts_timeout(comm):
     if comm.size == 1:
         assert everyone == [[]]
         return
-    assert everyone[late] == [], "the late rank never waited"
-    texts = [t for r in everyone for t in r]
+    # On a loaded host a call may outlast 0.5 s after every rank has arrived, and the watchdog then
+    # says so ("every rank has started this call"); those reports are allowed anywhere. A report
+    # that someone is missing must name the napping rank, and the napping rank must make none.
+    slow = "every rank has started this call"
+    assert all(slow in t for t in everyone[late]), everyone[late]
+    texts = [t for r in everyone[:late] for t in r if slow not in t]
     assert texts, "nobody reported the stall"
     for text in texts:
         assert "allreduce (call #2) has waited" in text and "(--stall-timeout 0.5 s)" in text
