@@ -40,14 +40,14 @@ def test_a_late_rank_is_named_with_where_it_was(comm):
     if comm.size == 1:
         assert everyone == [[]]
         return
-    assert everyone[late] == [], "the late rank never waited"
-    texts = [t for r in everyone for t in r]
-    # Oversubscribed and loaded (3 ranks on 2 busy cores), the barrier itself can outlast 0.5 s with
-    # every rank inside it: that is the "slow network" report, true and harmless here, so it is set
-    # aside; every other report must be about the late rank's all-reduce.
-    slow = [t for t in texts if "(call #1)" in t]
-    assert all("every rank has started this call" in t for t in slow), slow
-    texts = [t for t in texts if t not in slow]
+    # Oversubscribed and loaded (3 ranks on 2 busy cores), a call can outlast 0.5 s with every rank
+    # inside it (the barrier, or the all-reduce once the late rank has arrived): that is the "slow
+    # network" report, true and harmless here, so it is set aside. The late rank may make only that
+    # one; every other report must name it as missing from the all-reduce.
+    slow = "every rank has started this call"
+    assert all(slow in t for t in everyone[late]), everyone[late]
+    assert all(slow in t for r in everyone for t in r if "(call #1)" in t)
+    texts = [t for r in everyone for t in r if slow not in t]
     assert texts, "nobody reported the stall"
     host = socket.gethostname()
     for text in texts:
