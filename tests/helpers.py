@@ -115,6 +115,19 @@ def flat_params(model) -> torch.Tensor:
     return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
 
 
+def stall_reports(everyone: list[list[str]], late: int) -> list[str]:
+    """Of every rank's watchdog reports (``everyone``, by rank), those that name a rank as missing,
+    after checking the rest. On a loaded, oversubscribed host a call can outlast the timeout with
+    every rank inside it (a barrier, or an all-reduce once the late rank has come): that is the
+    "slow network" report, true and harmless, so any rank may make it; the ``late`` rank, which
+    waited for nobody, may make no other."""
+    slow = "every rank has started this call"
+    assert all(slow in t for t in everyone[late]), everyone[late]
+    texts = [t for r in everyone for t in r if slow not in t]
+    assert texts, "nobody reported the stall"
+    return texts
+
+
 def assert_same_on_every_rank(comm, t: torch.Tensor) -> None:
     everyone = torch.zeros(comm.size, t.numel(), dtype=t.dtype)
     comm.allgather(t.contiguous(), everyone)

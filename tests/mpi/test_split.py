@@ -26,7 +26,7 @@ from mpi_sgd.comm.wrappers.counting import CountingComm
 from mpi_sgd.comm.wrappers.faults import Fault, FaultComm
 from mpi_sgd.comm.wrappers.watchdog import Watchdog
 from mpi_sgd.pipeline.grid import grid
-from tests.helpers import assert_close, rank_data, reference
+from tests.helpers import assert_close, rank_data, reference, stall_reports
 
 pytestmark = pytest.mark.mpi
 
@@ -211,13 +211,7 @@ def test_a_late_rank_in_a_part_is_named_with_the_parts_timeout(comm):
     if comm.size == 1:
         assert everyone == [[]]
         return
-    # On a loaded host a call may outlast 0.5 s after every rank has arrived, and the watchdog then
-    # says so ("every rank has started this call"); those reports are allowed anywhere. A report
-    # that someone is missing must name the napping rank, and the napping rank must make none.
-    slow = "every rank has started this call"
-    assert all(slow in t for t in everyone[late]), everyone[late]
-    texts = [t for r in everyone[:late] for t in r if slow not in t]
-    assert texts, "nobody reported the stall"
+    texts = stall_reports(everyone, late)
     for text in texts:
         assert "allreduce (call #2) has waited" in text and "(--stall-timeout 0.5 s)" in text
         assert f"rank 0 (job rank {late}) missing" in text

@@ -16,6 +16,7 @@ from mpi4py import MPI
 from mpi_sgd.comm.wrappers.monitor import CHECK
 from mpi_sgd.comm.wrappers.watchdog import CHECK_EVERY, Watchdog
 from mpi_sgd.comm.wrappers.wrapper import CommWrapper
+from tests.helpers import stall_reports
 
 
 @pytest.mark.parametrize("comm", ["world", "gloo"], indirect=True)
@@ -40,15 +41,7 @@ def test_a_late_rank_is_named_with_where_it_was(comm):
     if comm.size == 1:
         assert everyone == [[]]
         return
-    # Oversubscribed and loaded (3 ranks on 2 busy cores), a call can outlast 0.5 s with every rank
-    # inside it (the barrier, or the all-reduce once the late rank has arrived): that is the "slow
-    # network" report, true and harmless here, so it is set aside. The late rank may make only that
-    # one; every other report must name it as missing from the all-reduce.
-    slow = "every rank has started this call"
-    assert all(slow in t for t in everyone[late]), everyone[late]
-    assert all(slow in t for r in everyone for t in r if "(call #1)" in t)
-    texts = [t for r in everyone for t in r if slow not in t]
-    assert texts, "nobody reported the stall"
+    texts = stall_reports(everyone, late)  # the barrier was call #1: only "slow" reports of it
     host = socket.gethostname()
     for text in texts:
         assert "allreduce (call #2) has waited" in text  # the barrier was call #1
