@@ -26,6 +26,10 @@ MPIEXEC_TIMEOUT ?= 300
 TEST_TIMEOUT ?= 120
 SUITE_TIMEOUT ?= 900
 export MPIEXEC_TIMEOUT
+# The integration tests' files side by side in JOBS processes (pytest-xdist; a whole file to one
+# process, so a file's fixtures, such as the namespace cluster, are built once). Unset: one after
+# another. Each test starts jobs of 1-4 ranks, so a machine wants about 2 cores a process.
+JOBS ?=
 # Every rank writes straight through: a rank that pytest-timeout ends with os._exit, or that MPI
 # aborts, would otherwise take its block-buffered report (when output is a pipe, as in CI) with it.
 export PYTHONUNBUFFERED := 1
@@ -149,7 +153,7 @@ test-mpirun: venv
 	PATH="$(BIN):$$PATH" mpirun -n 2 pytest --with-mpi
 
 test-integration: venv
-	$(PY) -m pytest -q --timeout=$(TEST_TIMEOUT) --durations=40 tests/integration
+	$(PY) -m pytest -q --timeout=$(TEST_TIMEOUT) --durations=40 $(if $(JOBS),-n $(JOBS) --dist loadfile) tests/integration
 
 # GPU tests, on a host with CUDA (a CUDA build of torch: TORCH_BUILD=cuda or auto): one process, then one
 # rank per GPU. Without a GPU every test skips and the target succeeds.
