@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import re
 
-from .conftest import EXAMPLES, own_lines, run_mpi, run_mpi_tests
+from .conftest import EXAMPLES, WHOLE_FILES, own_lines, run_mpi, run_mpi_tests
 
 ENV = {"OMP_NUM_THREADS": "1"}  # three or four ranks share two cores in CI
 # At R = 4 the equivalence, memory, timeline and header tests; the other communicators and the
@@ -18,6 +18,7 @@ SELECT = (
 MIN_TESTS = 15
 
 
+@WHOLE_FILES
 def test_pipeline_equivalence_at_four_ranks():
     """The tests/mpi body at R = 4 (make test covers 1, 2, 3): four stages of the six-layer model."""
     ran, out = run_mpi_tests(4, "test_pipeline.py", select=SELECT)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import run_mpi, run_mpi_tests, table_header
+from .conftest import WHOLE_FILES, run_mpi, run_mpi_tests, table_header
 
 ENV = {"OMP_NUM_THREADS": "1"}
 
@@ -62,12 +62,13 @@ def _hydra() -> bool:
     return "HYDRA" in out.stdout
 
 
+@WHOLE_FILES
 def test_shm_tests_at_four_ranks():
     """tests/mpi/test_shm.py at R = 4 (make test covers 1, 2, 3): flat 4 and pretend nodes 2 x 2. Left
     out, to keep make test short: nodes of one rank each (MPI between every rank, nothing shared:
     nothing at 4 that 3 does not show) and the trainer (at 1, 2, 3 here; at 4 on the namespace
     cluster, test_netns_cluster.py, where one runs)."""
-    ran, out = run_mpi_tests(4, "test_shm.py", select="not alone and not trainer", timeout=240)
+    ran, out = run_mpi_tests(4, "test_shm.py", select="not alone and not trainer")
     assert len(ran) == 4 and min(ran) >= 35, out
 
 

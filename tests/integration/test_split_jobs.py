@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 import time
 
-from .conftest import ROOT, run_mpi
+from .conftest import ROOT, WHOLE_FILES, run_mpi, run_mpi_tests
 
 ENV = {"OMP_NUM_THREADS": "1"}
 
@@ -36,13 +36,10 @@ time.sleep(60)
 """
 
 
+@WHOLE_FILES
 def test_split_tests_at_four_ranks():
-    test_file = str(ROOT / "tests" / "mpi" / "test_split.py")
-    out = run_mpi(
-        4, "-m", "mpi4py", "-m", "pytest", "--with-mpi", "-x", "-q", "-p", "no:cacheprovider", test_file, env=ENV
-    )
-    ran = [int(n) for n in re.findall(r"(\d+) passed", out.stdout)]
-    assert len(ran) == 4 and min(ran) >= 50, out.stdout[-2000:]
+    ran, out = run_mpi_tests(4, "test_split.py")
+    assert len(ran) == 4 and min(ran) >= 50, out
 
 
 def test_a_stalled_rank_in_a_row_is_named_and_ends_the_job(tmp_path):

@@ -10,7 +10,7 @@ import json
 
 import numpy as np
 
-from .conftest import EXAMPLES, run_mpi, run_mpi_tests
+from .conftest import EXAMPLES, WHOLE_FILES, run_mpi, run_mpi_tests
 
 SCRIPT = str(EXAMPLES / "sync_sgd.py")
 # One thread per rank whatever the host: two or four ranks share two cores in CI.
@@ -24,6 +24,7 @@ def launch(n: int, *args: str, check: bool = True):
 MIN_TESTS = 12  # tests/mpi/test_sync_sgd.py: equivalence x strategies x optimizers, accumulation, resume
 
 
+@WHOLE_FILES
 def test_equivalence_at_four_ranks():
     """The tests/mpi body at R = 4 (make test covers 1, 2, 3); 4 ranks on 2 cores is fine."""
     ran, out = run_mpi_tests(4, "test_sync_sgd.py")

@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import re
 
-from .conftest import EXAMPLES, run_mpi, run_mpi_tests
+from .conftest import EXAMPLES, WHOLE_FILES, run_mpi, run_mpi_tests
 
 ENV = {"OMP_NUM_THREADS": "1"}
 MIN_TESTS = 45  # test_torch_backend.py and test_torch_ddp.py together
 
 
+@WHOLE_FILES
 def test_backend_and_ddp_at_four_ranks():
-    ran, out = run_mpi_tests(4, "test_torch_backend.py", "test_torch_ddp.py", timeout=240)
+    ran, out = run_mpi_tests(4, "test_torch_backend.py", "test_torch_ddp.py")
     assert len(ran) == 4 and min(ran) >= MIN_TESTS, out  # every rank ran them, none skipped
 
 
