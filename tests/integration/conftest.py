@@ -33,11 +33,21 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(skip)
 
 
+# Open MPI 5's launcher now and then fails to start its own PMIx server ("The PMIx server's
+# listener thread failed to start"; seen once in CI here under load, and in other projects' CI)
+# before any rank exists. That is the launcher's failure, not the job's: such a job is started once
+# more, saying so.
+LAUNCHER_FAILED_TO_START = ("The PMIx server's listener thread failed to start",)
+
+
 def run_mpi(n: int, *args: str, timeout: float = 120, env: dict | None = None, check: bool = True):
     """Run ``mpiexec -n n python args...``; return the CompletedProcess (stdout and stderr as text)."""
     cmd, base_env = mpiexec_command(n, *args)
     full_env = {**base_env, "MPIEXEC_TIMEOUT": str(int(timeout)), **(env or {})}
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout + 30, env=full_env)
+    if proc.returncode != 0 and not proc.stdout.strip() and any(m in proc.stderr for m in LAUNCHER_FAILED_TO_START):
+        print(f"the launcher failed to start, no rank ran; once more: {shlex.join(cmd)}", file=sys.stderr)
+        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout + 30, env=full_env)
     if check and proc.returncode != 0:
         raise AssertionError(
             f"{shlex.join(cmd)} exited {proc.returncode}\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}"
