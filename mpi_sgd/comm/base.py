@@ -32,9 +32,6 @@ what it wraps and wraps each part the same way (:mod:`.wrappers.wrapper`).
 
 Why one module of over 300 lines: this is the seam every backend and wrapper implements, and most of
 it is the contract in words (each call's docstring); the code under them is short.
-
-Why over 300 lines: it is the seam, one contract: the Communicator's methods with their
-documented semantics, Request, and the argument checks every backend shares.
 """
 
 from __future__ import annotations
