@@ -22,11 +22,9 @@ deviation: a loss of 1.0 is what always predicting the mean scores, whatever the
 user's targets, and one default learning rate suits every task.
 
 Why one module of over 300 lines: each format's loader knows what its checks must refuse in one line
-(exit 2) before any rank communicates, so loading, checking and cutting batches stay together.
-
-Why over 300 lines: the datasets, their load-time checks and the per-epoch partition are
-one public API (``data.rank_batches``, ``data.Dataset``, ``data.load`` are what recipes and
-the docs import); split, users would have to learn which half a name lives in.
+(exit 2) before any rank communicates, so loading, checking and cutting batches stay together; and
+they are one public API (``data.rank_batches``, ``data.Dataset``, ``data.load`` are what recipes and
+the docs import): split, users would have to learn which half a name lives in.
 """
 
 from __future__ import annotations
@@ -38,6 +36,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+
+from .datacache import digits_arrays
 
 __all__ = [
     "BUILTIN",
@@ -118,13 +118,12 @@ def digits() -> Dataset:
     ``x`` is float32 of shape ``(1797, 1, 8, 8)`` (one channel, as LeNet takes it), ``y`` the
     int64 class indices 0..9; no download and no randomness, so every rank builds the same set.
     Needs scikit-learn (``pip install 'mpi-sgd[digits]'``): ImportError without it, where
-    :func:`load` falls back to synthetic blobs of the same shape instead.
+    :func:`load` falls back to synthetic blobs of the same shape instead. Read from a cache file
+    after the first load (:mod:`mpi_sgd.datacache`), so ranks do not each import scikit-learn.
     """
-    from sklearn.datasets import load_digits
-
-    bunch = load_digits()
-    x = torch.from_numpy(bunch.images.astype(np.float32) / 16.0).unsqueeze(1)  # (N, 1, 8, 8)
-    return Dataset(x, torch.from_numpy(bunch.target.astype(np.int64)), "digits")
+    images, labels = digits_arrays()
+    x = torch.from_numpy(images.astype(np.float32) / 16.0).unsqueeze(1)  # (N, 1, 8, 8)
+    return Dataset(x, torch.from_numpy(labels), "digits")
 
 
 def from_file(path: str) -> Dataset:

@@ -24,6 +24,7 @@ FLOORS = (
     (
         "collectives",
         "timing",
+        "datacache",
         "data",
         "models",
         "checkpoint",
