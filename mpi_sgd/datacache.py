@@ -30,26 +30,31 @@ import numpy as np
 DIGITS_SHAPE = (1797, 8, 8)
 
 
-def cache_dir() -> str:
+def cache_dir() -> str | None:
+    """Where cache files go; None where there is no such place (no HOME, as for some daemons)."""
     if os.environ.get("MPI_SGD_CACHE"):
         return os.environ["MPI_SGD_CACHE"]
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "mpi-sgd")
+    if os.environ.get("XDG_CACHE_HOME"):
+        return os.path.join(os.environ["XDG_CACHE_HOME"], "mpi-sgd")
+    home = os.path.expanduser("~")
+    return None if home.startswith("~") else os.path.join(home, ".cache", "mpi-sgd")
 
 
-def digits_path() -> str:
-    """The cache file for the installed scikit-learn; ImportError when there is none."""
+def digits_path() -> str | None:
+    """The cache file for the installed scikit-learn (None: no cache directory); ImportError when
+    scikit-learn is not installed."""
     try:
         version = importlib.metadata.version("scikit-learn")
     except importlib.metadata.PackageNotFoundError:
         raise ImportError("scikit-learn is not installed") from None
-    return os.path.join(cache_dir(), f"digits-scikit-learn-{version}.npz")
+    folder = cache_dir()
+    return None if folder is None else os.path.join(folder, f"digits-scikit-learn-{version}.npz")
 
 
 def digits_arrays() -> tuple[np.ndarray, np.ndarray]:
     """``(images, labels)``: uint8 of shape (1797, 8, 8) holding 0..16, and int64 class indices."""
     path = digits_path()
-    cached = _read(path)
+    cached = None if path is None else _read(path)
     if cached is not None:
         return cached
     from sklearn.datasets import load_digits
@@ -58,7 +63,8 @@ def digits_arrays() -> tuple[np.ndarray, np.ndarray]:
     images, labels = bunch.images.astype(np.uint8), bunch.target.astype(np.int64)
     if not np.array_equal(images, bunch.images):  # the values are whole numbers 0..16: uint8 holds them exactly
         raise ValueError("scikit-learn's digits are no longer whole numbers 0..16; mpi_sgd.datacache needs updating")
-    _write(path, images, labels)
+    if path is not None:
+        _write(path, images, labels)
     return images, labels
 
 

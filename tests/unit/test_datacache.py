@@ -92,3 +92,13 @@ def test_without_scikit_learn_it_is_an_import_error(monkeypatch):
     monkeypatch.setattr(importlib.metadata, "version", missing)
     with pytest.raises(ImportError):
         datacache.digits_path()
+
+
+def test_without_a_home_there_is_no_cache_and_nothing_is_written(tmp_path, monkeypatch):
+    for name in ("MPI_SGD_CACHE", "XDG_CACHE_HOME", "HOME"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(os.path, "expanduser", lambda path: path)  # as without HOME and a passwd entry
+    monkeypatch.chdir(tmp_path)
+    assert datacache.cache_dir() is None and datacache.digits_path() is None
+    assert torch.equal(data.digits().y, reference().y)
+    assert list(tmp_path.iterdir()) == []  # no directory named "~" in the working directory
