@@ -1,9 +1,9 @@
 """scikit-learn's 8x8 digits, kept in a small cache file so that a rank need not import scikit-learn.
 
-Importing ``sklearn.datasets`` pulls in scipy and costs about a second of CPU per process, as
-much as importing torch itself, and every rank of every job on the default dataset paid it (on a
-host with fewer cores than ranks, that second is paid R times over before the first step). The
-arrays themselves are 1,797 images of 8x8 integers 0..16 and their labels: 115 KB.
+Importing ``sklearn.datasets`` pulls in scipy and costs a process about as much CPU as importing
+torch itself, and every rank of every job on the default dataset paid it (on a host with fewer
+cores than ranks, R times over before the first step; the measured cost is on the contributors'
+Tests page). The arrays themselves are 1,797 images of 8x8 integers 0..16 and their labels.
 
 So the first load goes through scikit-learn and writes the arrays to
 ``<cache>/digits-scikit-learn-<version>.npz``; later loads read that file back in milliseconds.
