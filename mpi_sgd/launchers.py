@@ -3,7 +3,8 @@
 The start line that maps each rank to its process, the launcher's report of a rank that died,
 matched back to that rank (:func:`explain_death`), which launcher an ``mpiexec`` is, and the signal
 it passes on to its ranks for a graceful stop (:func:`stop_signal`); :func:`signal_and_wait`
-sends one to a running job and times how long the job takes to end.
+sends one to a running job and times how long the job takes to end; :func:`failed_to_start` tells
+a launcher that failed before any rank existed from a job that failed.
 """
 
 from __future__ import annotations
@@ -15,6 +16,18 @@ import socket
 import subprocess
 import time
 from collections.abc import Mapping
+
+# Open MPI 5's launcher now and then fails to start its own PMIx server ("The PMIx server's
+# listener thread failed to start"; seen in CI here under load, and in other projects' CI) before
+# any rank exists. That is the launcher's failure, not the job's: whoever starts jobs to judge them
+# (the tests, the fault matrix) starts such a job once more, saying so.
+LAUNCHER_FAILED_TO_START = ("The PMIx server's listener thread failed to start",)
+
+
+def failed_to_start(status: int, stdout: str, stderr: str) -> bool:
+    """Whether a job that exited ``status`` never started: its launcher failed before any rank ran."""
+    return status != 0 and not stdout.strip() and any(m in stderr for m in LAUNCHER_FAILED_TO_START)
+
 
 # -- naming the rank of a process the launcher reports dead -------------------------------------
 # A rank killed by a signal (the OOM killer, a lost node) says nothing; the launcher names only its

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from mpi_sgd.launch import mpiexec_command
+from mpi_sgd.launchers import failed_to_start
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
@@ -33,19 +34,12 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(skip)
 
 
-# Open MPI 5's launcher now and then fails to start its own PMIx server ("The PMIx server's
-# listener thread failed to start"; seen once in CI here under load, and in other projects' CI)
-# before any rank exists. That is the launcher's failure, not the job's: such a job is started once
-# more, saying so.
-LAUNCHER_FAILED_TO_START = ("The PMIx server's listener thread failed to start",)
-
-
 def run_mpi(n: int, *args: str, timeout: float = 120, env: dict | None = None, check: bool = True):
     """Run ``mpiexec -n n python args...``; return the CompletedProcess (stdout and stderr as text)."""
     cmd, base_env = mpiexec_command(n, *args)
     full_env = {**base_env, "MPIEXEC_TIMEOUT": str(int(timeout)), **(env or {})}
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout + 30, env=full_env)
-    if proc.returncode != 0 and not proc.stdout.strip() and any(m in proc.stderr for m in LAUNCHER_FAILED_TO_START):
+    if failed_to_start(proc.returncode, proc.stdout, proc.stderr):  # Open MPI's launcher, now and then
         print(f"the launcher failed to start, no rank ran; once more: {shlex.join(cmd)}", file=sys.stderr)
         proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout + 30, env=full_env)
     if check and proc.returncode != 0:

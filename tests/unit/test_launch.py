@@ -63,3 +63,13 @@ def test_a_rank_that_lost_its_peer_is_told_from_one_that_failed():
     assert peer_lost(gloo) == "Connection closed by peer [10.0.0.2]:4931"
     assert peer_lost("Read error [127.0.0.1]:6000: Connection reset by peer") == "Connection reset by peer"
     assert peer_lost("training diverged: the loss is nan") is None
+
+
+def test_a_launcher_that_failed_before_any_rank_ran_is_told_from_a_failed_job():
+    from mpi_sgd.launchers import failed_to_start
+
+    pmix = "-----\nThe PMIx server's listener thread failed to start. We cannot\ncontinue.\n-----\n"
+    assert failed_to_start(213, "", pmix)
+    assert not failed_to_start(0, "", pmix)  # it ended well after all
+    assert not failed_to_start(213, "epoch   0  loss 2.1\n", pmix)  # ranks ran and printed: the job's own end
+    assert not failed_to_start(2, "", "sync_sgd.py: error: --lr must be positive\n")  # the job refused, as asked
