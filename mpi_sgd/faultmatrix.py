@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 
 from .args import add_command, flag, positive_float
 from .launch import mpiexec_command
-from .launchers import WIDTH, explain_death, failed_to_start
+from .launchers import WIDTH, explain_death, run_job
 from .report import markdown_table
 
 SLACK = 10.0  # seconds a failure may take to end the job, after the fault (or the timeout)
@@ -138,11 +138,7 @@ def run_case(case: Case, script: str, stall_timeout: float, cwd: str | None = No
         undo = case.setup(ck) if case.setup else None
         start = time.time()
         try:
-            done = subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, text=True, timeout=240)
-            if failed_to_start(done.returncode, done.stdout, done.stderr):  # no rank ran: not the case's doing
-                print(f"{case.name}: the launcher failed to start, no rank ran; once more", file=sys.stderr)
-                start = time.time()
-                done = subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, text=True, timeout=240)
+            done = run_job(cmd, case.name, env=env, cwd=cwd, timeout=240)
             status, output = done.returncode, done.stdout + done.stderr
         except subprocess.TimeoutExpired as e:
             status, output = -9, f"hung: killed after {e.timeout} s\n" + str(e.stdout or "") + str(e.stderr or "")

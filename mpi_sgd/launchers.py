@@ -14,6 +14,7 @@ import re
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Mapping
 
@@ -27,6 +28,16 @@ LAUNCHER_FAILED_TO_START = ("The PMIx server's listener thread failed to start",
 def failed_to_start(status: int, stdout: str, stderr: str) -> bool:
     """Whether a job that exited ``status`` never started: its launcher failed before any rank ran."""
     return status != 0 and not stdout.strip() and any(m in stderr for m in LAUNCHER_FAILED_TO_START)
+
+
+def run_job(cmd: list[str], what: str, **kwargs) -> subprocess.CompletedProcess:
+    """``subprocess.run(cmd, capture_output=True, text=True, **kwargs)``, started once more (saying
+    so, naming ``what``) when its launcher :func:`failed_to_start`."""
+    done = subprocess.run(cmd, capture_output=True, text=True, **kwargs)
+    if failed_to_start(done.returncode, done.stdout, done.stderr):
+        print(f"{what}: the launcher failed to start, no rank ran; once more", file=sys.stderr)
+        done = subprocess.run(cmd, capture_output=True, text=True, **kwargs)
+    return done
 
 
 # -- naming the rank of a process the launcher reports dead -------------------------------------

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from mpi_sgd.launch import mpiexec_command
-from mpi_sgd.launchers import failed_to_start
+from mpi_sgd.launchers import run_job
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
@@ -38,10 +38,7 @@ def run_mpi(n: int, *args: str, timeout: float = 120, env: dict | None = None, c
     """Run ``mpiexec -n n python args...``; return the CompletedProcess (stdout and stderr as text)."""
     cmd, base_env = mpiexec_command(n, *args)
     full_env = {**base_env, "MPIEXEC_TIMEOUT": str(int(timeout)), **(env or {})}
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout + 30, env=full_env)
-    if failed_to_start(proc.returncode, proc.stdout, proc.stderr):  # Open MPI's launcher, now and then
-        print(f"the launcher failed to start, no rank ran; once more: {shlex.join(cmd)}", file=sys.stderr)
-        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout + 30, env=full_env)
+    proc = run_job(cmd, shlex.join(cmd), cwd=ROOT, timeout=timeout + 30, env=full_env)
     if check and proc.returncode != 0:
         raise AssertionError(
             f"{shlex.join(cmd)} exited {proc.returncode}\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}"

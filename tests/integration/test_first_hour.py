@@ -1,6 +1,6 @@
 """What a new user meets first, run the way they run it: the scripts the documentation shows, copied
-out of its pages and launched at the ranks their first line says. (A script whose page also shows its output, as a
-session, is run by tests/integration/test_docs_commands.py, which reads that output.)"""
+out of its pages and launched at the ranks their first line says. (A script whose page also shows
+its output, as a session, is run by tests/integration/test_docs_commands.py, which reads that output.)"""
 
 from __future__ import annotations
 
@@ -10,10 +10,9 @@ import pytest
 
 from tests import pages
 
-from .conftest import EXAMPLES, run_mpi
+from .conftest import run_mpi
 
 ENV = {"OMP_NUM_THREADS": "1"}
-SCRIPT = str(EXAMPLES / "sync_sgd.py")
 LAUNCH = re.compile(r"# mpiexec -n (\d+) python (\S+)\n")
 
 

@@ -73,3 +73,19 @@ def test_a_launcher_that_failed_before_any_rank_ran_is_told_from_a_failed_job():
     assert not failed_to_start(0, "", pmix)  # it ended well after all
     assert not failed_to_start(213, "epoch   0  loss 2.1\n", pmix)  # ranks ran and printed: the job's own end
     assert not failed_to_start(2, "", "sync_sgd.py: error: --lr must be positive\n")  # the job refused, as asked
+
+
+def test_a_job_whose_launcher_failed_to_start_is_started_once_more(tmp_path, capsys):
+    from mpi_sgd.launchers import run_job
+
+    # a stand-in launcher: the PMIx failure on its first start, the job's output on its second
+    flag = tmp_path / "started"
+    script = (
+        f'if [ -e "{flag}" ]; then echo trained; else touch "{flag}"; '
+        'echo "The PMIx server\'s listener thread failed to start" >&2; exit 213; fi'
+    )
+    done = run_job(["bash", "-c", script], "a job", timeout=30)
+    assert done.returncode == 0 and done.stdout == "trained\n"
+    assert "a job: the launcher failed to start, no rank ran; once more" in capsys.readouterr().err
+    refused = run_job(["bash", "-c", "echo 'error: --lr must be positive' >&2; exit 2"], "a job", timeout=30)
+    assert refused.returncode == 2 and "once more" not in capsys.readouterr().err  # a job's own failure: once
