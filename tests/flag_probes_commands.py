@@ -38,6 +38,15 @@ PROBES = {
         rounds=("1", 1),
         seed=("3", 3),
     ),
+    "mpi-sgd bench ddp": command(
+        models=("simplenet", ["simplenet"]),
+        batch_size=("8", 8),
+        rounds=("2", 2),
+        steps_per_round=("3", 3),
+        warmup=("0", 0),
+        bucket_view=(None, True),
+        seed=("3", 3),
+    ),
     "mpi-sgd bench goodput": command(
         batch=("4", 4),
         multiples=("1,2", [1, 2]),

@@ -7,11 +7,11 @@ Each benchmark registers itself from its own module (``add_parser``); this file 
 
 from __future__ import annotations
 
-from . import allreduce, asyncsgd, goodput, grid, pipeline, sgd, shm, validate, workers, zero
+from . import allreduce, asyncsgd, ddp, goodput, grid, pipeline, sgd, shm, validate, workers, zero
 
 
 def add_parser(subparsers) -> None:
     bench = subparsers.add_parser("bench", help="run a benchmark (under mpiexec)")
     kinds = bench.add_subparsers(dest="benchmark", required=True, metavar="BENCHMARK")
-    for module in (allreduce, grid, workers, sgd, pipeline, validate, goodput, asyncsgd, zero, shm):
+    for module in (allreduce, grid, workers, sgd, ddp, pipeline, validate, goodput, asyncsgd, zero, shm):
         module.add_parser(kinds)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 import time
 
@@ -152,6 +153,42 @@ def test_bench_sgd_prints_ddp_bench_columns_and_sweeps_buckets(tmp_path):
             # blocked time is part of the step, never more than all of it
             assert 0 <= r["comm_s"] and 0 <= r["comm_frac"] <= 1 and r["step_std_s"] >= 0
     assert (tmp_path / "sgd-n2.png").stat().st_size > 1000
+
+
+def test_bench_ddp_splits_the_step_and_writes_one_steps_timeline(tmp_path):
+    """At an odd world size, with the bucket-view variant: a table per variant, the parts in the
+    JSON, and one step's trace with every rank's forward, backward, update and buckets."""
+    proc = run_mpi(
+        3,
+        "-m",
+        "mpi_sgd.cli",
+        "bench",
+        "ddp",
+        "--models",
+        "simplenet",
+        "--rounds",
+        "2",
+        "--steps-per-round",
+        "2",
+        "--warmup",
+        "1",
+        "--bucket-view",
+        "--out-dir",
+        str(tmp_path),
+    )
+    assert "where DDP's step goes, simplenet:" in proc.stdout
+    assert "simplenet, ddp-view (gradient_as_bucket_view=True)" in proc.stdout
+    assert max(len(line) for line in proc.stdout.splitlines() if str(tmp_path) not in line) <= 120
+    (model,) = json.loads((tmp_path / "ddp-n3.json").read_text())["models"]
+    for variant in ("ddp", "ddp-view"):
+        parts = model["parts"][variant]
+        assert parts["buckets"] >= 1 and parts["step"] > 0 and parts["local_step"] > 0
+        assert all(math.isfinite(parts[k]) for k in ("forward", "to_last_bucket", "after_last_start", "after_mpi"))
+    trace = json.loads((tmp_path / "ddp-step-simplenet-n3.json").read_text())["traceEvents"]
+    assert {e["tid"] for e in trace} == {0, 1, 2}
+    for rank in range(3):
+        names = {e["name"] for e in trace if e["tid"] == rank}
+        assert {"forward", "backward", "optimizer", "bucket 0: all-reduce (MPI)"} <= names
 
 
 def test_run_job_raises_with_the_jobs_output():

@@ -332,6 +332,32 @@ def test_async_returns_at_once_and_completes_with_mpi(groups):
     assert torch.equal(x, torch.full_like(x, size(g)))
 
 
+def test_the_trace_notes_each_work_in_order_and_nothing_when_off(groups):
+    """bench ddp's source: start, then MPI done, then settled, per work, and a "waiter" note where
+    the waiter thread took the work (a blocking call's own thread hands it over after 1 ms)."""
+    from mpi_sgd.comm.backends import progress
+
+    g, engine = groups["mpi4py"], progress.engine()
+    x = torch.ones(1001)
+    engine.trace = notes = []
+    try:
+        dist.all_reduce(x, group=g)  # blocking: the caller's own thread completes it
+        dist.all_reduce(x, group=g, async_op=True).wait()
+    finally:
+        engine.trace = None
+    dist.all_reduce(x, group=g)
+    assert torch.equal(x, torch.full_like(x, size(g) ** 3))
+    works = {}
+    for key, what, t in notes:
+        works.setdefault(key, []).append((what, t))
+    assert len(works) == 2  # the third call, after the trace was turned off, left nothing
+    for events in works.values():
+        names = [w for w, _ in events]
+        assert [w for w in names if w != "waiter"] == ["start", "mpi-done", "settled"], names
+        times = [t for _, t in events]
+        assert times == sorted(times)
+
+
 def test_many_in_flight_complete_in_any_wait_order(groups):
     g = groups["mpi4py"]
     xs = [mine(g, n, "float64") for n in (1, 7, 1001, 100_000)]

@@ -54,6 +54,7 @@ class MPIWork(dist.distributed_c10d.Work):
         # a blocking call, whose own thread polls them in wait() (torch calls it straight away).
         self.owner: str | None = "caller" if caller_waits else None
         self.progress = None  # the Progress (progress.py) that settles it, once submitted
+        self.number = -1  # its place among the works submitted (the progress threads' trace)
         self.listed = False  # in the progress threads' pending list
         self.settling = self.done = False
         self._error: BaseException | None = None

@@ -51,6 +51,7 @@ waits on, is :class:`~.mpi4py_work.MPIWork`; it waits under this module's lock a
 from __future__ import annotations
 
 import atexit
+import itertools
 import os
 import threading
 import time
@@ -85,6 +86,11 @@ class Progress:
         self._sweeper_until = INF  # when the sweeper looks next unless woken
         self._stopping = False
         self._broken: BaseException | None = None
+        # Opt-in: a list to which (the work's number, event, perf_counter) is appended as each work moves
+        # on: "start", "waiter" (the waiter took it), "mpi-done", "settled". ``mpi-sgd bench ddp``
+        # draws DDP's step from it; None, the default, records nothing.
+        self.trace: list | None = None
+        self._numbers = itertools.count()  # each work's, in the order they are submitted
         self._threads = [
             threading.Thread(target=self._guarded, args=(self._wait_loop,), name="mpi4py-waiter", daemon=True),
             threading.Thread(target=self._guarded, args=(self._sweep_loop,), name="mpi4py-sweeper", daemon=True),
@@ -112,11 +118,16 @@ class Progress:
             raise RuntimeError(f"mpi4py backend: {work.name}: a progress thread failed: {self._broken!r}")
         if self._stopping:
             raise RuntimeError(f"mpi4py backend: {work.name} started after shutdown")
-        work.progress = self
+        work.progress, work.number = self, next(self._numbers)
+        self._note(work, "start")
         if work.owner != "caller":
             with self.lock:
                 self._list(work)
         return work
+
+    def _note(self, work: MPIWork, what: str) -> None:
+        if self.trace is not None:
+            self.trace.append((work.number, what, time.perf_counter()))
 
     def _list(self, work: MPIWork) -> None:  # with the lock held
         self._pending.append(work)
@@ -146,6 +157,7 @@ class Progress:
         except MPI.Exception as e:
             self.settle(work, e)
         else:
+            self._note(work, "mpi-done")
             self.settle(work, None)
 
     def settle(self, work: MPIWork, error: BaseException | None) -> None:
@@ -170,6 +182,7 @@ class Progress:
         # Outside the lock: a future's callbacks may start new work (DDP communication hooks do).
         if fut is not None:
             work._complete_future(fut)
+        self._note(work, "settled")
 
     def stop(self, timeout: float = 2.0) -> None:
         """Let both threads finish (a waiter stuck on a request that never completes is left)."""
@@ -194,11 +207,13 @@ class Progress:
                 work.owner, self._waiter_busy = "waiter", True
                 if self._oldest_unclaimed() is not None:
                     self._for_sweeper.notify()  # more behind this one: the sweeper watches them
+            self._note(work, "waiter")
             try:
                 MPI.Request.Waitall(work.requests, work.statuses)
             except MPI.Exception as e:
                 self.settle(work, e)
             else:
+                self._note(work, "mpi-done")
                 self.settle(work, None)
 
     def _sweep_loop(self) -> None:
@@ -224,6 +239,7 @@ class Progress:
                     continue
                 if finished:
                     done += 1
+                    self._note(w, "mpi-done")
                     self.settle(w, None)
                 else:
                     with self.lock:
