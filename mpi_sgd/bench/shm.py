@@ -1,6 +1,7 @@
 """``bench shm``: the shared-memory all-reduce against MPI's own, the seam, gloo and a memcpy.
 
-For each power-of-two size it times, interleaved in one run (see :mod:`.timing`):
+For each power-of-two size it times, interleaved in one run (see :mod:`.timing`; gloo in a pass of
+its own after the others, which it slows when interleaved with them):
 
 * ``shared`` ``comm.allreduce`` on (a numpy view of) a buffer from ``comm.alloc_shared``
   (:mod:`mpi_sgd.comm.shm.allreduce`);
@@ -112,11 +113,13 @@ class _Pools:
         count = nbytes // 4
         slots = self.n // count
         out = {}
-        for name, buf in self.bufs.items():
+        for name in self.impls:  # the same order on every rank: the blocks run in this order
+            buf = self.bufs.get(name)
+            if buf is None:  # memcpy off rank 0: the other ranks wait at the next block's barrier
+                out[name] = lambda: None
+                continue
             pools = buf if name == "memcpy" else (buf,)
             out[name] = self._call(name, [[p[i * count : (i + 1) * count] for i in range(slots)] for p in pools])
-        if "memcpy" in self.impls and self.comm.rank != 0:
-            out["memcpy"] = lambda: None  # the other ranks wait at the next block's barrier
         return out
 
     def _call(self, name: str, slices: list[list]):
@@ -146,16 +149,19 @@ def run(comm, impls, min_bytes: int, max_bytes: int, pool_bytes: int, rounds: in
 
         peer = TorchDistComm("gloo", comm)
     pools = _Pools(comm, impls, max(pool_bytes, 2 * max_bytes), peer)
-    rows = []
-    for size in sizes(min_bytes, max_bytes):
-        calls = {name: call for name, call in pools.calls(size).items() if name in impls}
-        n = iters or iterations(size)
-        stats = time_interleaved(comm, calls, n, max(2, n // 10), rounds)
-        row = {"bytes": size, "ranks": comm.size}
-        for name, st in stats.items():
-            row[name] = st.max if name == "memcpy" else st.avg  # memcpy: the copying rank's time
-            row[f"{name}_blocks"] = list(st.blocks)  # the slowest rank's per block: for the intervals
-        rows.append(row)
+    # gloo is timed apart, after all the others: interleaved with them, its blocks (TCP through the
+    # kernel, its own threads) slowed the blocks that ran between them, the shared all-reduce at
+    # 64 KiB from 15 to 39 us. Being 10-100x slower, it needs no pairing to be compared.
+    passes = [[i for i in impls if i != "gloo"], ["gloo"] if "gloo" in impls else []]
+    rows = [{"bytes": size, "ranks": comm.size} for size in sizes(min_bytes, max_bytes)]
+    for together in filter(None, passes):
+        for row in rows:
+            calls = pools.calls(row["bytes"])
+            n = iters or iterations(row["bytes"])
+            stats = time_interleaved(comm, {name: calls[name] for name in together}, n, max(2, n // 10), rounds)
+            for name, st in stats.items():
+                row[name] = st.max if name == "memcpy" else st.avg  # memcpy: the copying rank's time
+                row[f"{name}_blocks"] = list(st.blocks)  # the slowest rank's per block: for the intervals
     return rows
 
 
@@ -246,14 +252,14 @@ def main(comm, args) -> int:
     rows = run(comm, impls, args.min_bytes, args.max_bytes, args.pool, args.rounds, args.iterations)
     if comm.is_root:
         print(
-            f"# all-reduce, {comm.size} ranks, float32, in place, fresh buffer each call "
-            f"(pool {human_bytes(max(args.pool, 2 * args.max_bytes))} per implementation), "
-            f"median of {args.rounds} interleaved blocks, avg over ranks (memcpy: rank 0 alone); "
-            "shared and seam through the seam without the stall watchdog"
+            f"# all-reduce, {comm.size} ranks, float32, in place, fresh buffer each call (pool "
+            f"{human_bytes(max(args.pool, 2 * args.max_bytes))} per implementation),\n# median of {args.rounds} "
+            "interleaved blocks (gloo timed apart, after the others), avg over ranks (memcpy: rank 0 alone);\n"
+            "# shared and seam through the seam without the stall watchdog"
         )
         print(
             f"# below {human_bytes(MIN_BYTES)} a shared buffer takes MPI's own Allreduce: there shared and "
-            "raw differ by the seam's Python dispatch alone"
+            "raw differ by the seam's\n# Python dispatch alone"
         )
         print(table(rows, impls))
         print("\n" + "\n".join(verdicts(rows, comm.size)))

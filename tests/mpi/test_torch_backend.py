@@ -350,6 +350,9 @@ def test_the_trace_notes_each_work_in_order_and_nothing_when_off(groups):
     works = {}
     for key, what, t in notes:
         works.setdefault(key, []).append((what, t))
+    # Only works started while the trace was on: an earlier test's work may still be noting that
+    # it settled (its future completes first, which lets its caller go on; bench ddp does the same).
+    works = {key: events for key, events in works.items() if events[0][0] == "start"}
     assert len(works) == 2  # the third call, after the trace was turned off, left nothing
     for events in works.values():
         names = [w for w, _ in events]

@@ -88,3 +88,21 @@ def test_bench_table_has_the_ratios():
     header, _, row = ([c.strip() for c in line.strip("|").split("|")] for line in text.splitlines())
     assert header[-4:] == ["raw/shared", "seam/shared", "gloo/shared", "shared/memcpy"]
     assert row[0] == "4 KiB" and row[1] == "2" and row[-4:] == ["2.00", "2.00", "2.00", "2.00"]
+
+
+@pytest.mark.parametrize("impls", [("shared", "raw", "memcpy", "gloo"), ("memcpy", "seam"), bench_shm.IMPLS])
+def test_every_rank_times_the_implementations_in_the_same_order(impls):
+    """Only rank 0 copies for memcpy; the others' stand-in must sit at the same place in the order,
+    or rank 0 times memcpy while rank 1 waits in gloo's all-reduce (a hang, seen with memcpy before
+    gloo in --impls)."""
+    import torch
+
+    class Rank:
+        def __init__(self, rank):
+            self.rank = rank
+
+        def alloc_shared(self, n):
+            return torch.zeros(n)
+
+    orders = [list(bench_shm._Pools(Rank(r), impls, 1 << 16, None).calls(4096)) for r in (0, 1, 2)]
+    assert orders == [list(impls)] * 3
