@@ -201,7 +201,8 @@ class NodeMemory:
         self._by_start.insert(i, seg)
         mine = segment(win, self.rank, np_dtype, n)  # the caller's own view: when it dies, so may the window
         mine.fill(0)  # zeroed, and every page touched now rather than inside the first all-reduce
-        self.node.Barrier()  # every segment zeroed by its owner before the others map it
+        # No barrier needed: a page read before its owner zeroes it is the same page (one per offset
+        # of the window's file), so only the mapping is made here, and the alloc stays as cheap.
         _map_pages(views[: self.rank] + views[self.rank + 1 :])
         weakref.finalize(mine, self._dead_ids.add, seg.id)
         return torch.from_numpy(mine).view(dtype)  # bfloat16: the uint16 storage seen as what it holds
