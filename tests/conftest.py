@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import sys
 import time
+from pathlib import Path
 
 from mpi_sgd.launch import placement
 
@@ -56,3 +57,26 @@ def pytest_configure(config):
             abort(self, code)
 
     MPIComm.abort = telling_abort
+
+
+def pytest_collection_modifyitems(config, items):
+    """In a job of several ranks (``mpirun -n 2 pytest --with-mpi``), the one-process tests of
+    tests/unit are dealt out among the ranks, each run by one of them, where pytest-mpi would have
+    every rank run all of them side by side: they do not communicate, so R copies tested nothing
+    more and cost R times the CPU (about half of that command's time on a 2-core machine). Every
+    other test (tests/mpi: collectives, marked or not) runs on every rank, as it must. The deal
+    follows collection order, which is the same on every rank."""
+    where = placement()
+    if where.size <= 1:
+        return
+    unit = Path(__file__).parent / "unit"
+    keep, elsewhere, dealt = [], [], 0
+    for item in items:
+        if unit in Path(str(item.fspath)).parents:
+            (keep if dealt % where.size == where.rank else elsewhere).append(item)
+            dealt += 1
+        else:
+            keep.append(item)
+    if elsewhere:
+        config.hook.pytest_deselected(items=elsewhere)
+        items[:] = keep
