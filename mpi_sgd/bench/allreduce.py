@@ -1,7 +1,6 @@
 """All-reduce sweep: the seam against raw mpi4py, the hand-written ring and torch.distributed.
 
-For each power-of-two message size it times, interleaved in one run (see :mod:`.timing`; torch's
-backends in a pass of their own after the others, which gloo slows when interleaved with them):
+For each power-of-two message size it times, interleaved in one run (see :mod:`.timing`):
 
 * ``raw``  ``MPI.Comm.Allreduce(IN_PLACE, ndarray)``: the floor any Python wrapper stands on;
 * ``seam`` ``comm.allreduce(tensor)`` on a torch tensor from :func:`mpi_sgd.comm.buffers.zeros`,
@@ -10,7 +9,7 @@ backends in a pass of their own after the others, which gloo slows when interlea
 * ``seam-checked`` the same through the per-call argument check that jobs run with
   (:mod:`mpi_sgd.comm.wrappers.callcheck`): its cost is the ``check cost`` column;
 * ``ring`` :func:`mpi_sgd.collectives.ring_allreduce`, the teaching ring over send/recv;
-* ``gloo`` ``torch.distributed.all_reduce`` with gloo (and ``nccl`` on GPUs when present).
+* ``gloo`` ``torch.distributed.all_reduce`` with gloo (``nccl`` on GPUs), timed apart (:func:`~mpi_sgd.timing.passes`).
 
 The headline is ``raw/seam time`` (raw time over seam time: 1.0 = the seam costs nothing, 0.8 = it
 takes 25% longer) beside ``seam-raw us`` (the seam's time minus raw's, which noise can make negative). Bandwidths follow
@@ -33,7 +32,7 @@ from ..comm import TORCH_BACKENDS, Communicator
 from ..comm.buffers import zeros
 from ..confidence import median_interval, target_line
 from ..report import Output, human_bytes, markdown_table, plot_by_size, save_results
-from ..timing import osu_iterations, time_interleaved
+from ..timing import osu_iterations, passes, time_interleaved
 
 IMPLS = ("raw", "seam", "seam-checked", "seam-torchalloc", "ring", *TORCH_BACKENDS)
 
@@ -136,18 +135,14 @@ def run(
     checked = CallCheck(comm) if "seam-checked" in impls else None
     peers = {name: TorchDistComm(name, comm) for name in impls if name in TORCH_BACKENDS}
     sync = torch.cuda.synchronize if "nccl" in peers else None
-    # torch's backends in a pass of their own, after the others: gloo's blocks (TCP through the
-    # kernel, its own threads) slow whatever is interleaved with them (see bench shm).
-    passes = [[i for i in impls if i not in peers], [i for i in impls if i in peers]]
     stats, wrong = {}, {}
-    for together in filter(None, passes):
+    for together in passes(impls, apart=peers):
         for nbytes in sizes(min_bytes, max_bytes):
             osu_iters, osu_warm = osu_iterations(nbytes)
             made = _calls(comm, peers, together, nbytes, checked)
             calls = {name: call for name, (call, _) in made.items()}
-            timed = time_interleaved(
-                comm, calls, iterations or osu_iters, osu_warm if warmup is None else warmup, rounds, sync
-            )
+            warm = osu_warm if warmup is None else warmup
+            timed = time_interleaved(comm, calls, iterations or osu_iters, warm, rounds, sync)
             for name, (call, buf) in made.items():
                 stats[nbytes, name], wrong[nbytes, name] = timed[name], wrong_results(comm, call, buf)
     rows = []

@@ -72,9 +72,9 @@ def _step_fn(model, optimizer, x, y, record: list, engine=None):
     with ``engine``, the progress threads' notes taken during it, appended to ``record``."""
 
     def step():
-        notes = [] if engine is not None else None
+        notes = None
         if engine is not None:
-            engine.trace = notes
+            engine.trace = notes = []
         t0 = time.perf_counter()
         optimizer.zero_grad()
         loss = F.cross_entropy(model(x), y)
@@ -131,10 +131,10 @@ def timeline(record) -> tuple[list, float]:
     """One DDP step (the last timed) as trace events ``(name, start, seconds)`` and its start time."""
     (t0, t1, t2, t3), notes = record[-1]
     events = [("forward", t0, t1 - t0), ("backward", t1, t2 - t1), ("optimizer", t2, t3 - t2)]
-    for i, w in enumerate(works(notes or []).values()):
-        start, done, settled = w.get("start"), w.get("mpi-done"), w.get("settled")
-        if start is None:
-            continue
+    # Works of this step only: the last one of the step before may still note that it settled.
+    mine = [w for w in works(notes or []).values() if "start" in w]
+    for i, w in enumerate(mine):
+        start, done, settled = w["start"], w.get("mpi-done"), w.get("settled")
         if done is not None:
             events.append((f"bucket {i}: all-reduce (MPI)", start, done - start))
             if "waiter" in w:
@@ -175,7 +175,7 @@ def bench_model(comm, group, name: str, args: Flags) -> dict:
             model = DistributedDataParallel(model, process_group=group, gradient_as_bucket_view=v == "ddp-view")
         records[v] = []
         calls[v] = _step_fn(model, make_optimizer(OPTIMIZER, model), x, y, records[v], engine if v != "local" else None)
-    grads = torch.zeros(sum(p.numel() for p in build_model(name, (FEATURES,), CLASSES).parameters()))
+    grads = torch.zeros(sum(p.numel() for p in model.parameters()))  # every gradient, in one buffer
     calls["allreduce"] = lambda: torch.distributed.all_reduce(grads, group=group)
     times = time_interleaved(comm, calls, args.steps_per_round * args.rounds, args.warmup, args.rounds)
     mine = {v: split(records[v][args.warmup :], records["local"][args.warmup :]) for v in variants[1:]}

@@ -1,7 +1,7 @@
 """``bench shm``: the shared-memory all-reduce against MPI's own, the seam, gloo and a memcpy.
 
-For each power-of-two size it times, interleaved in one run (see :mod:`.timing`; gloo in a pass of
-its own after the others, which it slows when interleaved with them):
+For each power-of-two size it times, interleaved in one run (see :mod:`.timing`; gloo apart, after
+the others: :func:`~mpi_sgd.timing.passes` says why):
 
 * ``shared`` ``comm.allreduce`` on (a numpy view of) a buffer from ``comm.alloc_shared``
   (:mod:`mpi_sgd.comm.shm.allreduce`);
@@ -32,7 +32,7 @@ from ..args import add_command, choices_list, flag, nbytes, positive_int
 from ..comm.buffers import zeros
 from ..confidence import paired_ratio, verdict
 from ..report import Output, human_bytes, markdown_table, plot_by_size, save_results
-from ..timing import time_interleaved
+from ..timing import passes, time_interleaved
 from .allreduce import sizes
 
 IMPLS = ("shared", "raw", "seam", "gloo", "memcpy")
@@ -149,12 +149,8 @@ def run(comm, impls, min_bytes: int, max_bytes: int, pool_bytes: int, rounds: in
 
         peer = TorchDistComm("gloo", comm)
     pools = _Pools(comm, impls, max(pool_bytes, 2 * max_bytes), peer)
-    # gloo is timed apart, after all the others: interleaved with them, its blocks (TCP through the
-    # kernel, its own threads) slowed the blocks that ran between them, the shared all-reduce at
-    # 64 KiB from 15 to 39 us. Being 10-100x slower, it needs no pairing to be compared.
-    passes = [[i for i in impls if i != "gloo"], ["gloo"] if "gloo" in impls else []]
     rows = [{"bytes": size, "ranks": comm.size} for size in sizes(min_bytes, max_bytes)]
-    for together in filter(None, passes):
+    for together in passes(impls, apart={"gloo"}):  # 10-100x slower, gloo needs no pairing
         for row in rows:
             calls = pools.calls(row["bytes"])
             n = iters or iterations(row["bytes"])

@@ -63,3 +63,9 @@ def test_the_timeline_has_the_phases_and_each_bucket():
     assert "bucket 1: all-reduce (MPI)" in names and "bucket 0: settling" in names
     mpi = dict((e[0], e) for e in events)["bucket 1: all-reduce (MPI)"]
     assert mpi[1] == pytest.approx(7.5) and mpi[2] == pytest.approx(0.5)
+
+
+def test_a_late_note_of_the_step_before_does_not_shift_the_bucket_names():
+    times, notes = ddp_step(5.0, 1.0, [0.5], [1.8], 2.2, 0.4)
+    events, _ = timeline([(times, [(99, "settled", 5.0)] + notes)])  # the previous step's last work
+    assert "bucket 0: all-reduce (MPI)" in [e[0] for e in events]

@@ -2,7 +2,7 @@
 
 from mpi_sgd.bench.allreduce import bus_factor, sizes
 from mpi_sgd.report import human_bytes, markdown_table
-from mpi_sgd.timing import osu_iterations
+from mpi_sgd.timing import osu_iterations, passes
 
 
 def test_sizes_are_powers_of_two_inclusive():
@@ -36,3 +36,9 @@ def test_sgd_variants_expand_the_bucket_sweep():
     assert pairs == [("flat", None), ("bucketed", 0.5), ("bucketed", 4.0), ("local", None)]
     assert [label(v, mb, sweep=True) for v, mb in pairs] == ["flat", "bucketed 0.5MB", "bucketed 4MB", "local"]
     assert label("bucketed", 1.0, sweep=False) == "bucketed"
+
+
+def test_passes_put_the_named_implementations_after_the_rest_in_order():
+    assert passes(["raw", "gloo", "seam", "memcpy"], {"gloo"}) == [["raw", "seam", "memcpy"], ["gloo"]]
+    assert passes(["raw", "seam"], {"gloo"}) == [["raw", "seam"]]  # no empty group
+    assert passes(["gloo"], {"gloo", "nccl"}) == [["gloo"]]

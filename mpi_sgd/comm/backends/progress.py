@@ -86,9 +86,8 @@ class Progress:
         self._sweeper_until = INF  # when the sweeper looks next unless woken
         self._stopping = False
         self._broken: BaseException | None = None
-        # Opt-in: a list to which (the work's number, event, perf_counter) is appended as each work moves
-        # on: "start", "waiter" (the waiter took it), "mpi-done", "settled". ``mpi-sgd bench ddp``
-        # draws DDP's step from it; None, the default, records nothing.
+        # Opt-in (None: nothing kept): (work number, "start" | "waiter" | "mpi-done" | "settled",
+        # perf_counter) as each work moves on; ``mpi-sgd bench ddp`` draws DDP's step from it.
         self.trace: list | None = None
         self._numbers = itertools.count()  # each work's, in the order they are submitted
         self._threads = [
