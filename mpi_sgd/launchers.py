@@ -32,12 +32,16 @@ def failed_to_start(status: int, stdout: str, stderr: str) -> bool:
 
 def run_job(cmd: list[str], what: str, **kwargs) -> subprocess.CompletedProcess:
     """``subprocess.run(cmd, capture_output=True, text=True, **kwargs)``, started once more (saying
-    so, naming ``what``) when its launcher :func:`failed_to_start`."""
-    done = subprocess.run(cmd, capture_output=True, text=True, **kwargs)
-    if failed_to_start(done.returncode, done.stdout, done.stderr):
+    so, naming ``what``) when its launcher :func:`failed_to_start`. ``stderr=subprocess.STDOUT``
+    merges the streams, as a terminal shows them; the launcher's message is then looked for there."""
+    opts = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True, **kwargs}
+    for attempt in (1, 2):
+        done = subprocess.run(cmd, **opts)
+        merged = done.stderr is None
+        out, err = ("", done.stdout) if merged else (done.stdout, done.stderr)
+        if attempt == 2 or not failed_to_start(done.returncode, out, err):
+            return done
         print(f"{what}: the launcher failed to start, no rank ran; once more", file=sys.stderr)
-        done = subprocess.run(cmd, capture_output=True, text=True, **kwargs)
-    return done
 
 
 # -- naming the rank of a process the launcher reports dead -------------------------------------

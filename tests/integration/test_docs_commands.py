@@ -29,6 +29,7 @@ from pathlib import Path
 
 import pytest
 
+from mpi_sgd.launchers import run_job
 from tests import pages
 from tests.pages import ROOT
 
@@ -103,14 +104,8 @@ def run(command: str, cwd: Path) -> subprocess.CompletedProcess:
     key = shlex.join(shlex.split(command, comments=True))
     if key not in _RUNS:  # a command two pages show runs once
         as_typed = command.removeprefix("sudo ") if os.geteuid() == 0 else command
-        _RUNS[key] = subprocess.run(
-            ["bash", "-c", as_typed],
-            cwd=cwd,
-            env=environment(),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            timeout=3000,
+        _RUNS[key] = run_job(  # once more if the launcher failed to start (Open MPI's PMIx, seen in CI)
+            ["bash", "-c", as_typed], f"`{command}`", cwd=cwd, env=environment(), stderr=subprocess.STDOUT, timeout=3000
         )
     return _RUNS[key]
 

@@ -1,5 +1,7 @@
 """Rank discovery from launcher variables: pure logic, no processes."""
 
+import subprocess
+
 import pytest
 
 from mpi_sgd.launch import placement
@@ -89,3 +91,8 @@ def test_a_job_whose_launcher_failed_to_start_is_started_once_more(tmp_path, cap
     assert "a job: the launcher failed to start, no rank ran; once more" in capsys.readouterr().err
     refused = run_job(["bash", "-c", "echo 'error: --lr must be positive' >&2; exit 2"], "a job", timeout=30)
     assert refused.returncode == 2 and "once more" not in capsys.readouterr().err  # a job's own failure: once
+    flag.unlink()  # the same with both streams in one, as the docs' commands are run
+    merged = run_job(["bash", "-c", script], "a job", stderr=subprocess.STDOUT, timeout=30)
+    assert merged.returncode == 0 and merged.stdout == "trained\n" and "once more" in capsys.readouterr().err
+    refused = run_job(["bash", "-c", "echo 'error: bad' >&2; exit 2"], "a job", stderr=subprocess.STDOUT, timeout=30)
+    assert refused.returncode == 2 and refused.stdout == "error: bad\n" and "once more" not in capsys.readouterr().err
