@@ -41,7 +41,9 @@ def _fmt(v: object) -> str:
     if isinstance(v, float):
         if v != v:  # nan: not measured
             return "-"
-        return f"{v:.3g}" if abs(v) < 10 else f"{v:.1f}"
+        # three significant digits below 10, tenths up to 1000, whole units above (a tenth of a
+        # thousand is below any noise this measures, and six-digit columns must still fit 120)
+        return f"{v:.3g}" if abs(v) < 10 else f"{v:.1f}" if abs(v) < 1000 else f"{v:.0f}"
     return str(v)
 
 

@@ -11,10 +11,11 @@ For each power-of-two message size it times, interleaved in one run (see :mod:`.
 * ``ring`` :func:`mpi_sgd.collectives.ring_allreduce`, the teaching ring over send/recv;
 * ``gloo`` ``torch.distributed.all_reduce`` with gloo (``nccl`` on GPUs), timed apart (:func:`~mpi_sgd.timing.passes`).
 
-The headline is ``raw/seam time`` (raw time over seam time: 1.0 = the seam costs nothing, 0.8 = it
-takes 25% longer) beside ``seam-raw us`` (the seam's time minus raw's, which noise can make negative). Bandwidths follow
-nccl-tests: algbw = bytes / time, busbw = algbw * 2(p-1)/p, the fraction of the link an
-optimal all-reduce must use, so busbw is comparable across world sizes.
+Times come in one table, what they say in a second: ``raw/seam time`` (raw time over seam time:
+1.0 = the seam costs nothing, 0.8 = it takes 25% longer) beside ``seam-raw us`` (the seam's time
+minus raw's, which noise can make negative). Bandwidths follow nccl-tests: algbw = bytes / time,
+busbw = algbw * 2(p-1)/p, the fraction of the link an optimal all-reduce must use, so busbw is
+comparable across world sizes.
 """
 
 from __future__ import annotations
@@ -151,41 +152,40 @@ def run(
             st = stats[nbytes, name]
             algbw = nbytes / st.avg
             rows.append(
-                dict(
-                    bytes=nbytes,
-                    impl=name,
-                    ranks=comm.size,
-                    min_s=st.min,
-                    avg_s=st.avg,
-                    max_s=st.max,
-                    algbw_GBps=algbw / 1e9,
-                    busbw_GBps=algbw * bus_factor(comm.size) / 1e9,
-                    blocks=list(st.blocks),
-                    wrong=wrong[nbytes, name],
-                )
+                dict(bytes=nbytes, impl=name, ranks=comm.size, min_s=st.min, avg_s=st.avg, max_s=st.max)
+                | dict(algbw_GBps=algbw / 1e9, busbw_GBps=algbw * bus_factor(comm.size) / 1e9)
+                | dict(blocks=list(st.blocks), wrong=wrong[nbytes, name])
             )
     return rows
 
 
 def summary_table(rows, impls) -> str:
-    """Seam vs raw side by side, the others beside them; times in microseconds (avg over ranks)."""
+    """Microseconds per call of each implementation (the median block, averaged over ranks), one
+    column each, so that nine implementations still fit a 120-column terminal."""
     by = {(r["bytes"], r["impl"]): r for r in rows}
-    headers = ["size"] + [f"{i} us" for i in impls]
-    if "raw" in impls and "seam" in impls:
-        headers += ["raw/seam time", "seam-raw us"]
-    if "seam-checked" in impls and "seam" in impls:
-        headers.append("check cost %")
-    headers.append("busbw GB/s (" + ("raw" if "raw" in impls else impls[0]) + ")")
-    headers.append("#wrong")  # nccl-tests': elements that differ from the exact sum, all implementations
+    body = [[human_bytes(b)] + [by[b, i]["avg_s"] * 1e6 for i in impls] for b in sorted({r["bytes"] for r in rows})]
+    return markdown_table(["size"] + list(impls), body)
+
+
+def derived_table(rows, impls) -> str:
+    """What the times say, per size: the seam against raw, the check's cost, bus bandwidth, wrong results."""
+    by = {(r["bytes"], r["impl"]): r for r in rows}
+    seam_raw = "raw" in impls and "seam" in impls
+    checked = "seam-checked" in impls and "seam" in impls
+    base = "raw" if "raw" in impls else impls[0]
+    headers = ["size"]
+    headers += ["raw/seam time", "seam-raw us"] if seam_raw else []
+    headers += ["check cost %"] if checked else []
+    headers += [f"busbw GB/s ({base})", "#wrong"]  # nccl-tests': elements that differ from the exact sum, all impls
     out = []
     for nbytes in sorted({r["bytes"] for r in rows}):
         t = {i: by[nbytes, i]["avg_s"] for i in impls}
-        row = [human_bytes(nbytes)] + [t[i] * 1e6 for i in impls]
-        if "raw" in impls and "seam" in impls:
+        row = [human_bytes(nbytes)]
+        if seam_raw:
             row += [f"{t['raw'] / t['seam']:.3f}", (t["seam"] - t["raw"]) * 1e6]
-        if "seam-checked" in impls and "seam" in impls:
+        if checked:
             row.append(f"{(t['seam-checked'] / t['seam'] - 1) * 100:+.1f}")
-        row.append(by[nbytes, "raw" if "raw" in impls else impls[0]]["busbw_GBps"])
+        row.append(by[nbytes, base]["busbw_GBps"])
         row.append(str(sum(by[nbytes, i].get("wrong", 0) for i in impls)))
         out.append(row)
     return markdown_table(headers, out)
@@ -194,15 +194,9 @@ def summary_table(rows, impls) -> str:
 def detail_table(rows, impl) -> str:
     """OSU/nccl-tests style for one implementation: latency min/avg/max across ranks and bandwidths."""
     headers = ["size", "avg us", "min us", "max us", "algbw GB/s", "busbw GB/s"]
+    keys = ("avg_s", "min_s", "max_s")
     body = [
-        [
-            human_bytes(r["bytes"]),
-            r["avg_s"] * 1e6,
-            r["min_s"] * 1e6,
-            r["max_s"] * 1e6,
-            r["algbw_GBps"],
-            r["busbw_GBps"],
-        ]
+        [human_bytes(r["bytes"])] + [r[k] * 1e6 for k in keys] + [r["algbw_GBps"], r["busbw_GBps"]]
         for r in rows
         if r["impl"] == impl
     ]
@@ -256,7 +250,8 @@ def main(comm, args: Flags) -> int:
     rows = run(comm, impls, args.min_bytes, args.max_bytes, args.iterations, args.warmup, args.rounds)
     if comm.is_root:
         print(f"# all-reduce sweep: {comm.size} ranks, float32, in place, rounds={args.rounds}")
-        print(summary_table(rows, impls))
+        print("\nus per call (each rank's median block, averaged over ranks):\n" + summary_table(rows, impls))
+        print("\n" + derived_table(rows, impls))
         if "raw" in impls and "seam" in impls:
             print("\n" + overhead_note(rows))
         if "seam" in impls and "seam-checked" in impls:

@@ -42,3 +42,21 @@ def test_passes_put_the_named_implementations_after_the_rest_in_order():
     assert passes(["raw", "gloo", "seam", "memcpy"], {"gloo"}) == [["raw", "seam", "memcpy"], ["gloo"]]
     assert passes(["raw", "seam"], {"gloo"}) == [["raw", "seam"]]  # no empty group
     assert passes(["gloo"], {"gloo", "nccl"}) == [["gloo"]]
+
+
+def test_allreduce_tables_fit_120_columns_with_every_implementation():
+    from mpi_sgd.bench.allreduce import IMPLS, derived_table, summary_table
+
+    # The slowest plausible times (64 MiB over gloo takes tenths of a second: six digits of us)
+    rows = [
+        dict(bytes=b, impl=i, avg_s=0.4567 * b / (64 << 20) + 1e-6, busbw_GBps=12.3, wrong=w)
+        for b in (4, 1 << 20, 64 << 20)
+        for i, w in zip(IMPLS, range(len(IMPLS)), strict=True)
+    ]
+    times, derived = summary_table(rows, IMPLS), derived_table(rows, IMPLS)
+    assert max(len(line) for table in (times, derived) for line in table.splitlines()) <= 120
+    header = [c.strip() for c in times.splitlines()[0].strip("|").split("|")]
+    assert header == ["size", *IMPLS]
+    last = [c.strip() for c in derived.splitlines()[-1].strip("|").split("|")]
+    assert last[0] == "64 MiB" and last[-1] == str(sum(range(len(IMPLS))))  # wrong results of all implementations
+    assert float(last[1]) == 1.0  # raw/seam: the same made-up time
