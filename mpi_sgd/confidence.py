@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 LEVEL = 0.95
+WIDTH = 120  # columns of the terminal the benchmarks print for
 
 
 @dataclass(frozen=True)
@@ -85,6 +86,7 @@ def target_line(what: str, interval: Interval, target: float, at_most: bool = Tr
     figure of this machine, under this load, is what the line reports."""
     said = verdict(interval, target, at_most)
     sign = "<=" if at_most else ">="
-    return (
-        f"{what}: {interval.text(digits)} (project target {sign} {target:g}x: {said}{'' if said == 'met' else ' here'})"
-    )
+    figure = f"{what}: {interval.text(digits)}"
+    judged = f"(project target {sign} {target:g}x: {said}{'' if said == 'met' else ' here'})"
+    # A terminal is 120 columns: a long line carries its verdict on the next, indented
+    return f"{figure} {judged}" if len(figure) + 1 + len(judged) <= WIDTH else f"{figure}\n    {judged}"

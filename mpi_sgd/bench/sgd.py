@@ -247,7 +247,7 @@ def bench_model(comm, name: str, args, ddp_groups: dict | None = None, device=No
                 "comm_frac_std": slowest["comm_frac"]["std"],
             }
         )
-    return add_ratios(rows)
+    return add_ratios(rows, not_steps={n for n, v in TABLE.items() if v.comm_only})
 
 
 def main(comm, args: Flags) -> int:
@@ -266,10 +266,10 @@ def main(comm, args: Flags) -> int:
     if comm.is_root:
         print(
             f"training step on {device.type}, strategies over {comm.backend}, {comm.size} ranks x batch "
-            f"{args.batch_size}, {threads} torch thread(s) per rank, "
+            f"{args.batch_size}, {threads} torch thread(s) per rank,\n"
             f"bucket {','.join(f'{mb:g}' for mb in args.bucket_mb)} MB, median of {args.rounds} interleaved "
-            f"blocks of {args.steps_per_round} steps, slowest rank; ± std over its steps; comm = time blocked in "
-            "gradient communication\n"
+            f"blocks of {args.steps_per_round} steps, slowest rank; ± std over its steps;\n"
+            "comm = time blocked in gradient communication\n"
         )
         print(table(rows))
         shared = [n for n, v in TABLE.items() if v.shared_buckets]

@@ -41,14 +41,16 @@ def spread(samples) -> dict:
     return {"avg": float(a.mean()), "std": float(a.std(ddof=1)) if a.size > 1 else 0.0}
 
 
-def add_ratios(rows) -> list[dict]:
+def add_ratios(rows, not_steps: Collection[str] = ()) -> list[dict]:
     """Each row's step over ddp-gloo's and over local's, and ``exposed_s``, its step minus local's: the
-    communication it did not hide (the one measure every variant shares). NaN where the run lacks one."""
+    communication it did not hide (the one measure every variant shares). NaN where the run lacks one,
+    and for ``not_steps`` (comm-only times an all-reduce, not a step: nothing of it is hidden)."""
     ref = {r["variant"]: r["step_s"] for r in rows}
     for r in rows:
         r["vs_ddp"] = r["step_s"] / ref["ddp-gloo"] if "ddp-gloo" in ref else float("nan")
         r["vs_local"] = r["step_s"] / ref["local"] if "local" in ref else float("nan")
-        r["exposed_s"] = r["step_s"] - ref["local"] if "local" in ref else float("nan")
+        step = "local" in ref and r["variant"] not in not_steps
+        r["exposed_s"] = r["step_s"] - ref["local"] if step else float("nan")
     return rows
 
 

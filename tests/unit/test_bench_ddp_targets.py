@@ -72,3 +72,15 @@ def test_breakdown_takes_the_wait_for_the_slower_rank_apart_when_it_was_timed():
     values = [float(line.split()[-3]) for line in lines]
     assert values == [10.0, 0.6, 0.3, 0.5, 0.1, 11.5]  # the rest: 11.5 - 10.6 - 0.5 - 0.3
     assert "slower rank" in lines[2] and round(sum(values[:5]), 3) == values[5]
+
+
+def test_comm_only_has_no_exposed_time_as_it_is_not_a_step():
+    import math
+
+    from mpi_sgd.bench.sgd import TABLE
+    from mpi_sgd.bench.sgd_report import add_ratios
+
+    rows = [{"variant": v, "step_s": s} for v, s in (("local", 0.010), ("bucketed", 0.012), ("comm-only", 0.003))]
+    by = {r["variant"]: r for r in add_ratios(rows, not_steps={n for n, v in TABLE.items() if v.comm_only})}
+    assert by["bucketed"]["exposed_s"] == 0.012 - 0.010 and by["local"]["exposed_s"] == 0
+    assert math.isnan(by["comm-only"]["exposed_s"]) and by["comm-only"]["vs_local"] == 0.3

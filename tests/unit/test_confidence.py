@@ -52,3 +52,13 @@ def test_met_only_when_the_whole_interval_meets_the_target():
     assert verdict(at(1.3, 1.6), 1.5, at_most=False) == "inconclusive"
     line = target_line("step vs local", at(1.12, 1.20), 1.1)
     assert line == "step vs local: 1.160x [95% CI 1.120-1.200, 8 blocks] (project target <= 1.1x: not met here)"
+
+
+def test_a_long_target_line_carries_its_verdict_on_the_next_line():
+    wide = target_line(
+        "simplenet: ddp-mpi4py exposed communication vs ddp-gloo's", Interval(0.3, 0.2, 0.4, 0.99, 20), 0.25
+    )
+    first, second = wide.splitlines()
+    assert first == "simplenet: ddp-mpi4py exposed communication vs ddp-gloo's: 0.300x [95% CI 0.200-0.400, 20 blocks]"
+    assert second == "    (project target <= 0.25x: inconclusive here)"
+    assert max(len(first), len(second)) <= 120 < len(first) + 1 + len(second.strip())
