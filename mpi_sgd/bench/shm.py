@@ -30,15 +30,12 @@ import numpy as np
 
 from ..args import add_command, choices_list, flag, nbytes, positive_int
 from ..comm.buffers import zeros
-from ..confidence import WIDTH, paired_ratio, verdict
-from ..report import Output, human_bytes, markdown_table, plot_by_size, save_results
+from ..report import Output, human_bytes, save_results
 from ..timing import passes, time_interleaved
-from .allreduce import sizes
+from .allreduce import bus_factor, sizes, wrong_results
+from .shm_report import derived_table, plot, table, verdicts
 
 IMPLS = ("shared", "raw", "seam", "gloo", "memcpy")
-LARGE = 64 << 10  # from here up the shared all-reduce runs (below it MPI's own does the work)
-NEAR_MEMCPY = 4 << 20  # from here up it must be within MEMCPY_FACTOR of a memcpy
-MEMCPY_FACTOR = 1.3
 
 
 @dataclass(frozen=True)
@@ -72,16 +69,6 @@ class Flags(Output):
 def iterations(nbytes: int) -> int:
     """OSU's 1000 iterations up to 8 KiB and 100 above, fewer from 16 MiB so a sweep stays minutes."""
     return 1000 if nbytes <= 8192 else max(10, min(100, (1 << 30) // nbytes))
-
-
-def speedup_targets(ranks: int) -> list[tuple[float, int, int | None]]:
-    """The project's factors over MPI's all-reduce, as ``(factor, from bytes, to bytes or None)``:
-    at two ranks 1.5x from 128 KiB and 1.8x from 2 to 8 MiB, with more ranks on the node
-    1.3x from 256 KiB; at every rank count never slower than MPI where the
-    shared path runs."""
-    if ranks <= 2:
-        return [(1.0, LARGE, None), (1.5, 128 << 10, None), (1.8, 2 << 20, 8 << 20)]
-    return [(1.0, LARGE, None), (1.3, 256 << 10, None)]
 
 
 class _Pools:
@@ -122,6 +109,11 @@ class _Pools:
             out[name] = self._call(name, [[p[i * count : (i + 1) * count] for i in range(slots)] for p in pools])
         return out
 
+    def checked(self, name: str, nbytes: int):
+        """``(call, buffer)``: one all-reduce of ``name`` on the first slice of its pool, for
+        :func:`~.allreduce.wrong_results` (which leaves the slice zeroed, as timing found it)."""
+        return self._call(name, [[self.bufs[name][: nbytes // 4]]]), self.bufs[name][: nbytes // 4]
+
     def _call(self, name: str, slices: list[list]):
         from mpi4py import MPI
 
@@ -158,87 +150,10 @@ def run(comm, impls, min_bytes: int, max_bytes: int, pool_bytes: int, rounds: in
             for name, st in stats.items():
                 row[name] = st.max if name == "memcpy" else st.avg  # memcpy: the copying rank's time
                 row[f"{name}_blocks"] = list(st.blocks)  # the slowest rank's per block: for the intervals
+                if name != "memcpy":  # nccl-tests' columns: bus bandwidth, and results checked once
+                    row[f"{name}_busbw_GBps"] = row["bytes"] / st.avg * bus_factor(comm.size) / 1e9
+                    row[f"{name}_wrong"] = wrong_results(comm, *pools.checked(name, row["bytes"]))
     return rows
-
-
-def verdicts(rows, ranks: int) -> list[str]:
-    """One line per target, over every size it covers: each size's paired ratio with its 95%
-    interval (:mod:`mpi_sgd.confidence`); "met" when every size's interval meets it, "not met" when
-    some size's misses it whole, "inconclusive" otherwise; the line shows the worst size."""
-    out = []
-    if ranks < 2 or not rows or "shared" not in rows[0]:
-        return out
-
-    def line(name, a, b, target, at_most, sizes):
-        chosen = [r for r in rows if sizes(r["bytes"])]
-        if not chosen:
-            return
-        found = [(paired_ratio(_blocks(r, a), _blocks(r, b)), r["bytes"]) for r in chosen]
-        said = [verdict(i, target, at_most) for i, _ in found]
-        overall = "not met" if "not met" in said else "inconclusive" if "inconclusive" in said else "met"
-        worst, at = (max if at_most else min)(found, key=lambda f: f[0].median)
-        here = "" if overall == "met" else " here"
-        said = f"project target {name}: {overall}{here}"
-        why = f"({'highest' if at_most else 'lowest'} {worst.text(2)} at {human_bytes(at)})"
-        out.append(f"{said} {why}" if len(said) + 1 + len(why) <= WIDTH else f"{said}\n    {why}")
-
-    if "raw" in rows[0]:
-        for want, lo, hi in speedup_targets(ranks):
-            span = f"from {human_bytes(lo)}" if hi is None else f"from {human_bytes(lo)} to {human_bytes(hi)}"
-            line(
-                f">= {want:g}x MPI Allreduce {span}",
-                "raw",
-                "shared",
-                want,
-                False,
-                lambda b, lo=lo, hi=hi: b >= lo and (hi is None or b <= hi),
-            )
-        line(
-            f">= 1x MPI Allreduce below {human_bytes(LARGE)}",
-            "raw",
-            "shared",
-            1.0,
-            False,
-            lambda b: b < LARGE,
-        )
-    if "memcpy" in rows[0]:
-        line(
-            f"within {MEMCPY_FACTOR:g}x of a one-process memcpy from {human_bytes(NEAR_MEMCPY)}",
-            "shared",
-            "memcpy",
-            MEMCPY_FACTOR,
-            True,
-            lambda b: b >= NEAR_MEMCPY,
-        )
-    return out
-
-
-def _blocks(row, impl) -> list[float]:
-    """An implementation's per-block times at one size (its median alone in rows without blocks)."""
-    return row.get(f"{impl}_blocks") or [row[impl]]
-
-
-def table(rows, impls) -> str:
-    """Microseconds per call, then time ratios (raw/shared above 1: shared is faster); 120 columns."""
-    headers = ["size"] + list(impls)
-    ratios = [(a, b) for a, b in (("raw", "shared"), ("seam", "shared"), ("gloo", "shared")) if {a, b} <= set(impls)]
-    headers += [f"{a}/{b}" for a, b in ratios]
-    if {"shared", "memcpy"} <= set(impls):
-        headers.append("shared/memcpy")
-    body = []
-    for r in rows:
-        line = [human_bytes(r["bytes"])] + [1e6 * r[i] for i in impls]
-        line += [f"{r[a] / r[b]:.2f}" for a, b in ratios]
-        if {"shared", "memcpy"} <= set(impls):
-            line.append(f"{r['shared'] / r['memcpy']:.2f}")
-        body.append(line)
-    return markdown_table(headers, body)
-
-
-def plot(rows, impls, path) -> None:
-    sizes = [r["bytes"] for r in rows]
-    series = {impl: (sizes, [1e6 * r[impl] for r in rows]) for impl in impls}
-    plot_by_size(path, series, "time per call (us)", f"all-reduce on fresh buffers, {rows[0]['ranks']} ranks")
 
 
 def main(comm, args) -> int:
@@ -257,7 +172,7 @@ def main(comm, args) -> int:
             f"# below {human_bytes(MIN_BYTES)} a shared buffer takes MPI's own Allreduce: there shared and "
             "raw differ by the seam's\n# Python dispatch alone"
         )
-        print(table(rows, impls))
+        print(table(rows, impls) + "\n\n" + derived_table(rows, impls))
         print("\n" + "\n".join(verdicts(rows, comm.size)))
         save_results(
             args,

@@ -37,7 +37,9 @@ def allreduce_series(result: dict) -> dict[str, tuple[list[int], list[float]]]:
 def shm_series(result: dict) -> dict[str, tuple[list[int], list[float]]]:
     """``bench shm``'s JSON as {implementation: (bytes, seconds)} (memcpy: the copying rank's)."""
     rows = sorted(result["rows"], key=lambda r: r["bytes"])
-    impls = [k for k in rows[0] if k not in ("bytes", "ranks")]
+    # An implementation's time sits under its name; its blocks, bandwidth and wrong-result count
+    # under the name with a suffix ("shared_blocks", "shared_busbw_GBps", "shared_wrong")
+    impls = [k for k, v in rows[0].items() if k not in ("bytes", "ranks") and "_" not in k and isinstance(v, float)]
     return {impl: ([r["bytes"] for r in rows], [r[impl] for r in rows]) for impl in impls}
 
 

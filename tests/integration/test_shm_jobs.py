@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import WHOLE_FILES, run_mpi, run_mpi_tests, table_header
+from .conftest import WHOLE_FILES, run_mpi, run_mpi_tests
 
 ENV = {"OMP_NUM_THREADS": "1"}
 
@@ -112,17 +112,11 @@ def test_a_killed_rank_ends_the_job_named_and_leaves_no_shared_memory(tmp_path, 
 def test_bench_shm_prints_the_comparison_and_the_targets(tmp_path):
     sweep = ["--min-bytes", "4KiB", "--max-bytes", "128KiB", "--pool", "4MiB", "--rounds", "2", "--iterations", "20"]
     out = run_mpi(2, "-m", "mpi_sgd.cli", "bench", "shm", *sweep, "--out-dir", str(tmp_path), env=ENV)
-    assert table_header(out.stdout) == [
-        "size",
-        "shared",
-        "raw",
-        "seam",
-        "gloo",
-        "memcpy",
-        "raw/shared",
-        "seam/shared",
-        "gloo/shared",
-        "shared/memcpy",
+    cells = [[c.strip() for c in line.strip("|").split("|")] for line in out.stdout.splitlines() if line[:1] == "|"]
+    headers = [row for row in cells if row[0] == "size"]
+    assert headers == [
+        ["size", "shared", "raw", "seam", "gloo", "memcpy"],
+        ["size", "raw/shared", "seam/shared", "gloo/shared", "shared/memcpy", "busbw GB/s (shared)", "#wrong"],
     ]
     assert re.search(
         r"target >= 1.5x MPI Allreduce from 128 KiB: (met|not met here|inconclusive here)\s+\(lowest",
@@ -133,3 +127,7 @@ def test_bench_shm_prints_the_comparison_and_the_targets(tmp_path):
     rows = json.loads((tmp_path / "shm-n2.json").read_text())["rows"]
     assert [r["bytes"] for r in rows] == [4096 << k for k in range(6)]
     assert all(r[i] > 0 for r in rows for i in ("shared", "raw", "seam", "gloo", "memcpy"))
+    # every all-reduce summed known values exactly at every size, the shared path (from 64 KiB) too
+    assert all(
+        r[f"{i}_wrong"] == 0 and r[f"{i}_busbw_GBps"] > 0 for r in rows for i in ("shared", "raw", "seam", "gloo")
+    )

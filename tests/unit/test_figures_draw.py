@@ -161,6 +161,16 @@ def test_allreduce_figure_has_time_and_bandwidth_per_implementation():
     assert ab.get_ylabel() == "bus bandwidth (GB/s)"
 
 
+def test_shm_series_are_the_implementations_times_not_their_blocks_or_counts():
+    result = _shm_result(ranks=2)
+    for r in result["rows"]:
+        r |= {"shared_blocks": [r["shared"]] * 3, "shared_busbw_GBps": 1.5, "shared_wrong": 0, "raw_wrong": 0}
+    series = allreduce.shm_series(result)
+    assert list(series) == ["shared", "raw", "memcpy"]
+    assert series["shared"] == ([4096, 1 << 22], [4096 / 4e9, (1 << 22) / 4e9])
+    allreduce.draw(None, result)  # bench shm's own JSON draws (its block lists broke it before)
+
+
 def test_allreduce_figure_at_one_rank_has_no_bandwidth_lines():
     fig = allreduce.draw(_allreduce_result(ranks=1), None)
     assert len(fig.axes) == 2 and not fig.axes[1].get_lines()

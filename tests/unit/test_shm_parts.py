@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 
 from mpi_sgd.bench import shm as bench_shm
+from mpi_sgd.bench import shm_report
+from mpi_sgd.bench.shm import IMPLS
 from mpi_sgd.comm.shm.reduce import LINE, slice_bounds
 from mpi_sgd.comm.shm.sync import DEFAULT_TIMEOUT, timeout_setting
 from mpi_sgd.comm.shm.window import node_size_override
@@ -60,7 +62,7 @@ def test_bench_verdicts_name_the_worst_size():
         _row(256 << 10, 1.0, 1.6, 0.5),
         _row(4 << 20, 10.0, 17.0, 8.0),
     ]
-    lines = bench_shm.verdicts(rows, ranks=2)
+    lines = shm_report.verdicts(rows, ranks=2)
     assert lines[0].startswith("project target >= 1x MPI Allreduce from 64 KiB: met (lowest 1.20x")
     # rows without blocks (older JSON): one block each, a one-point interval that covers nothing
     assert lines[0].endswith("1.20x [0% CI 1.20-1.20, 1 blocks] at 64 KiB)")
@@ -72,7 +74,7 @@ def test_bench_verdicts_name_the_worst_size():
     assert all(len(part) <= 120 for line in lines for part in line.splitlines())
     assert lines[3].startswith("project target >= 1x MPI Allreduce below 64 KiB: met (lowest 1.10x")
     assert lines[4].startswith("project target within 1.3x of a one-process memcpy from 4 MiB: met (highest 1.25x")
-    at_four = bench_shm.verdicts(rows, ranks=4)
+    at_four = shm_report.verdicts(rows, ranks=4)
     assert at_four[1].startswith("project target >= 1.3x MPI Allreduce from 256 KiB: met (lowest 1.60x")
     assert len(at_four) == 4  # no 1.8x line above two ranks
     # with blocks: a size whose interval straddles the target makes the verdict inconclusive
@@ -80,16 +82,20 @@ def test_bench_verdicts_name_the_worst_size():
     mixed["raw_blocks"], mixed["shared_blocks"] = [1.4, 1.6, 1.5, 1.7, 1.3, 1.5], [1.0] * 6
     assert (
         ": inconclusive here\n    (lowest 1.50x [95% CI 1.30-1.70, 6 blocks] at 128 KiB)"
-        in bench_shm.verdicts([mixed], ranks=2)[1]
+        in shm_report.verdicts([mixed], ranks=2)[1]
     )
-    assert bench_shm.verdicts(rows, ranks=1) == []  # nothing to compare at one rank
+    assert shm_report.verdicts(rows, ranks=1) == []  # nothing to compare at one rank
 
 
-def test_bench_table_has_the_ratios():
-    text = bench_shm.table([_row(4096, 2e-6, 4e-6, 1e-6)], bench_shm.IMPLS)
-    header, _, row = ([c.strip() for c in line.strip("|").split("|")] for line in text.splitlines())
-    assert header[-4:] == ["raw/shared", "seam/shared", "gloo/shared", "shared/memcpy"]
-    assert row[0] == "4 KiB" and row[1] == "2" and row[-4:] == ["2.00", "2.00", "2.00", "2.00"]
+def test_bench_tables_have_the_times_then_ratios_bandwidth_and_wrong_results():
+    row = _row(4096, 2e-6, 4e-6, 1e-6) | {"shared_busbw_GBps": 2.048, "seam_wrong": 3, "gloo_wrong": 1}
+    times, derived = (shm_report.table([row], IMPLS), shm_report.derived_table([row], IMPLS))
+    header, _, cells = ([c.strip() for c in line.strip("|").split("|")] for line in times.splitlines())
+    assert header == ["size", *IMPLS] and cells == ["4 KiB", "2", "4", "4", "4", "1"]
+    header, _, cells = ([c.strip() for c in line.strip("|").split("|")] for line in derived.splitlines())
+    ratios = ["raw/shared", "seam/shared", "gloo/shared", "shared/memcpy"]
+    assert header == ["size", *ratios, "busbw GB/s (shared)", "#wrong"]
+    assert cells == ["4 KiB", "2.00", "2.00", "2.00", "2.00", "2.05", "4"]  # wrong: every implementation's
 
 
 @pytest.mark.parametrize("impls", [("shared", "raw", "memcpy", "gloo"), ("memcpy", "seam"), bench_shm.IMPLS])
