@@ -231,7 +231,7 @@ def main(comm, args) -> int:
     R = comm.size
     print(
         f"pipeline, {R} stage(s) (layer bounds {timing['bounds']}, split by {args.split}), MLP {args.depth} x "
-        f"{args.width} + 10-way head, batch {args.batch_size}, {threads} torch thread(s) per rank, median of "
+        f"{args.width} + 10-way head,\nbatch {args.batch_size}, {threads} torch thread(s) per rank, median of "
         f"{args.rounds} interleaved blocks of {args.steps} steps, slowest rank\n"
     )
     print(bubble_table(timing["rows"], timing["unsplit_s"]))

@@ -174,7 +174,7 @@ def tables(result: dict, R: int, optimizer: str) -> str:
     k = "8" if opt == "adam" else "4"
     return "\n\n".join(
         [
-            f"model-state memory per rank, MiB, measured at the optimizer step / Rajbhandari et al.'s formula "
+            f"model-state memory per rank, MiB, measured at the optimizer step / Rajbhandari et al.'s formula\n"
             f"(fp32: 4 B parameters, 4 B gradients, {k} B {optimizer} state per parameter):",
             markdown_table(
                 ["variant", "params", "grads", "optimizer state", "total", "measured/formula", "peak in step"], mem_rows
@@ -192,8 +192,8 @@ def tables(result: dict, R: int, optimizer: str) -> str:
                 ],
                 comm_rows,
             ),
-            "step time (slowest rank, median of interleaved blocks); of it, blocked in communication and in the "
-            "optimizer's update (slowest rank's mean):",
+            "step time (slowest rank, median of interleaved blocks); of it, blocked in communication and\n"
+            "in the optimizer's update (slowest rank's mean):",
             markdown_table(["variant", "step ms", "comm ms", "update ms", "x dp", "x local"], time_rows),
         ]
     )
