@@ -66,6 +66,12 @@ def run_cli(*args: str, timeout: float = 150) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env)
 
 
+def widest_line(stdout: str) -> int:
+    """Columns of the widest line a benchmark printed, its 'wrote <paths>' lines aside (the paths are
+    the user's): the project keeps terminal output within 120."""
+    return max(len(line) for line in stdout.splitlines() if not line.startswith("wrote "))
+
+
 def table_header(stdout: str) -> list[str]:
     """The cells of the first markdown table's header row in ``stdout``."""
     header = next(line for line in stdout.splitlines() if line.startswith("|"))

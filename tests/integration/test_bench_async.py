@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import re
 
-from .conftest import run_cli
+from .conftest import run_cli, widest_line
 
 
 def test_bench_async_tiny(tmp_path):
@@ -15,6 +15,7 @@ def test_bench_async_tiny(tmp_path):
         *("--out-dir", str(tmp_path)),
     )
     assert out.returncode == 0, out.stdout + out.stderr
+    assert widest_line(out.stdout) <= 120
     assert re.search(r"^\|\s+base \|\s+2 \|", out.stdout, re.MULTILINE), out.stdout
     assert re.search(
         r"^base R=2: expected async slower; (as expected|not as the model expects, here)", out.stdout, re.MULTILINE

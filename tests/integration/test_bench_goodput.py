@@ -10,7 +10,7 @@ import re
 
 from mpi_sgd.perfmodel import steps_to_target
 
-from .conftest import run_cli
+from .conftest import run_cli, widest_line
 
 
 def test_goodput_tiny(tmp_path):
@@ -19,6 +19,7 @@ def test_goodput_tiny(tmp_path):
         *("--transports", "shm", "--max-steps", "400", "--out-dir", str(tmp_path)),
     )
     assert out.returncode == 0, out.stdout + out.stderr
+    assert widest_line(out.stdout) <= 120
     assert "| global batch | tuned lr | steps | predicted | error | sqrt rule lr | rule steps |" in out.stdout
     assert re.search(r"^project target: predicted steps within 35% .*: (met|not met here)", out.stdout, re.M)
     assert re.search(r"^project target: shm: the model names the fastest R: (met|not met here)", out.stdout, re.M)

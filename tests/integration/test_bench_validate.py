@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import re
 
-from .conftest import run_cli
+from .conftest import run_cli, widest_line
 
 
 def test_validate_tiny(tmp_path):
@@ -18,6 +18,7 @@ def test_validate_tiny(tmp_path):
     # steps on a busy machine that can happen, and a timed verdict is not what this test checks.
     wrong_side = "MISSED: speedup < 1 exactly where predicted (wrong side beyond the spread" in out.stdout
     assert out.returncode == 0 or (out.returncode == 1 and wrong_side), out.stdout + out.stderr
+    assert widest_line(out.stdout) <= 120
     assert "| config | R | pred step (ms) | meas step (ms) | error % |" in out.stdout
     assert re.search(r"^\|\s+B=4 \|\s+2 \|", out.stdout, re.MULTILINE)
     assert re.search(r"^(met|MISSED|inconclusive): \|error\| <= 10% at R = 1, 2", out.stdout, re.MULTILINE)

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from .conftest import own_lines, run_mpi, table_header
+from .conftest import own_lines, run_mpi, table_header, widest_line
 
 
 @pytest.mark.parametrize("torch_after", [False, True], ids=["mpi4py", "gloo-made-after"])
@@ -56,7 +56,7 @@ def test_bench_allreduce_prints_side_by_side_and_writes_json(tmp_path):
     headers = [h for h in headers if h[0] == "size"]  # one per table: times, then what they say, then --detail's
     assert headers[0] == ["size", "raw", "seam", "seam-checked", "ring", "gloo"]
     assert headers[1] == ["size", "raw/seam time", "seam-raw us", "check cost %", "busbw GB/s (raw)", "#wrong"]
-    assert max(len(line) for line in out.splitlines() if not line.startswith("wrote ")) <= 120  # but the paths
+    assert widest_line(out) <= 120
     assert re.search(r"\|\s+1 KiB \|", out) and re.search(r"\|\s+64 KiB \|", out)
     assert "seam per-call overhead below 64 KiB" in out and "## gloo" in out
     assert re.search(r"^per-call argument check at 4 KiB: [\d.]+x \[\d+% CI .*\(project target <= 1.05x: ", out, re.M)
@@ -108,6 +108,7 @@ def test_bench_sgd_prints_ddp_bench_columns_and_sweeps_buckets(tmp_path):
         "--out-dir",
         str(tmp_path),
     )
+    assert widest_line(proc.stdout) <= 120
     assert table_header(proc.stdout) == [
         "model",
         "variant",

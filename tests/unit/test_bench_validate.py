@@ -117,3 +117,12 @@ def test_wrong_side_beyond_the_spread_is_a_miss():
     spreads = validate.summarize(_repeats([1.5, 1.6, 1.7]) + _repeats([0.5, 0.5, 0.5], pred_r2=0.5, batch=512))
     side = validate.verdicts(spreads)[1]
     assert side.startswith("MISSED") and "wrong side beyond the spread: B=1 R=2" in side
+
+
+def test_the_table_fits_120_columns_with_spreads_as_two_tables_of_the_same_rows():
+    spreads = validate.summarize(_repeats([1800.0, 2600.0, 2500.0], batch=65536))
+    text = validate.table(spreads)
+    assert max(len(line) for line in text.splitlines()) <= 120
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in text.splitlines() if line.startswith("|")]
+    assert [r[2] for r in rows if r[0] == "config"] == ["pred step (ms)", "pred T_sync/T_comp"]
+    assert text.count("B=65536") == 4  # R = 1 and 2, in each table
