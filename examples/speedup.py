@@ -167,7 +167,7 @@ if b_noise is not None:
     source = f"mean over the epochs of {args.metrics_json}" if args.metrics_json else "--b-noise"
     print(f"\nto a target accuracy: B_noise = {b_noise:.4g} ({source}); steps S(B) = S_min(1 + B_noise/B)\n")
     print(markdown_table(pm.TARGET_HEADERS, pm.target_rows(target, measured_at)))
-    print("pays (to the target): reaches it sooner than R = 1; by the factor in 'speedup to target'")
+    print("steps (x R=1): steps to the target over R = 1's; pays/target: sooner than R = 1, by 'target speedup'")
     for p in target[1:]:
         if p.pays_epoch != p.pays:  # the two laws disagree on the verdict
             says = f"pays per epoch ({p.speedup_epoch:.2f}x) but not to the target ({p.speedup_target:.2f}x)"
@@ -176,7 +176,7 @@ if b_noise is not None:
         else:
             continue
         steps = f"global batch {p.global_batch:g} against B_noise {b_noise:.3g} needs {p.steps_ratio:.2f}x the steps"
-        print(f"R = {p.ranks}: {says}: {steps} of R = 1, not 1/{p.ranks}")
+        print(f"R = {p.ranks}: {says}:\n    {steps} of R = 1, not 1/{p.ranks}")
     fastest = pm.best(target)
     print(f"fastest to the target: R = {fastest.ranks} ({fastest.speedup_target:.2f}x R = 1)")
     if args.scaling == "weak":  # T_comp scales linearly with the batch (perfmodel.Compute)
