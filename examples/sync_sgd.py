@@ -56,7 +56,7 @@ val = val.to(dtype, device) if val is not None else None
 if comm.is_root:
     task = "classification" if train.classification else "regression, targets standardised"
     print(
-        f"{cfg.model} on {train.name} ({len(train)} samples, {len(val) if val else 0} held out; {task}); "
+        f"{cfg.model} on {train.name} ({len(train)} samples, {len(val) if val else 0} held out; {task});\n"
         f"{comm.size} rank(s) x batch {cfg.batch_size} = effective batch {comm.size * cfg.batch_size}; "
         f"{f'ZeRO stage {cfg.zero}' if cfg.zero else cfg.strategy} gradient averaging over {comm.backend}"
     )

@@ -58,6 +58,6 @@ rows = [
 ]
 print(markdown_table(["R"] + [mm.STAGE_NAMES[s] for s in mm.STAGES], rows))
 print(
-    f"\ncommunication per rank per step: {', '.join(f'stage {s}: {mm.COMM_VOLUME[s]}Ψ' for s in mm.STAGES)} "
-    "elements (stage 0 = plain data parallel)"
+    "\ncommunication per rank per step, in elements (stage 0 = plain data parallel):\n"
+    + ", ".join(f"stage {s}: {mm.COMM_VOLUME[s]}Ψ" for s in mm.STAGES)
 )
