@@ -29,6 +29,11 @@ def test_markdown_table_aligns_and_marks_missing():
     assert len({len(line) for line in lines}) == 1 and lines[1].startswith("|--") and "-" in lines[3]
 
 
+def test_numbers_keep_three_digits_below_ten_tenths_below_a_thousand_and_units_above():
+    cells = markdown_table(["t"], [[0.012345], [9.876], [123.45], [999.94], [4567.8], [-1234.4]]).splitlines()[2:]
+    assert [c.strip("| ") for c in cells] == ["0.0123", "9.88", "123.5", "999.9", "4568", "-1234"]
+
+
 def test_sgd_variants_expand_the_bucket_sweep():
     from mpi_sgd.bench.sgd import label, variants
 
