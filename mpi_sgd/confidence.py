@@ -87,6 +87,9 @@ def target_line(what: str, interval: Interval, target: float, at_most: bool = Tr
     said = verdict(interval, target, at_most)
     sign = "<=" if at_most else ">="
     figure = f"{what}: {interval.text(digits)}"
-    judged = f"(project target {sign} {target:g}x: {said}{'' if said == 'met' else ' here'})"
-    # A terminal is 120 columns: a long line carries its verdict on the next, indented
-    return f"{figure} {judged}" if len(figure) + 1 + len(judged) <= WIDTH else f"{figure}\n    {judged}"
+    return fit_line(figure, f"(project target {sign} {target:g}x: {said}{'' if said == 'met' else ' here'})")
+
+
+def fit_line(head: str, tail: str) -> str:
+    """``head tail`` on one line if it fits a terminal's :data:`WIDTH`, else ``tail`` on the next, indented."""
+    return f"{head} {tail}" if len(head) + 1 + len(tail) <= WIDTH else f"{head}\n    {tail}"

@@ -7,7 +7,7 @@ all-reduce that reads and writes every byte once.
 
 from __future__ import annotations
 
-from ..confidence import WIDTH, paired_ratio, verdict
+from ..confidence import fit_line, paired_ratio, verdict
 from ..report import human_bytes, markdown_table, plot_by_size
 
 LARGE = 64 << 10  # from here up the shared all-reduce runs (below it MPI's own does the work)
@@ -44,7 +44,7 @@ def verdicts(rows, ranks: int) -> list[str]:
         here = "" if overall == "met" else " here"
         said = f"project target {name}: {overall}{here}"
         why = f"({'highest' if at_most else 'lowest'} {worst.text(2)} at {human_bytes(at)})"
-        out.append(f"{said} {why}" if len(said) + 1 + len(why) <= WIDTH else f"{said}\n    {why}")
+        out.append(fit_line(said, why))
 
     if "raw" in rows[0]:
         for want, lo, hi in speedup_targets(ranks):
