@@ -326,3 +326,27 @@ def test_a_missing_rank_is_named_after_the_timeout():
     everyone = MPI.COMM_WORLD.allgather(named)
     flat = not comm._shm.mem.multi_node
     assert all(n == [late] for r, n in enumerate(everyone) if r != late) if flat else [late] in everyone
+
+
+@pytest.mark.parametrize("first", ["shared", "mpi"])
+def test_a_rank_waiting_in_shared_memory_moves_its_mpi_calls_along(first):
+    # One step's buckets can take both paths (a bucket below MIN_BYTES goes to MPI). A rank that
+    # waits for the shared path must still drive its own MPI requests: a non-blocking all-reduce's
+    # later rounds move only when each rank enters MPI (Open MPI's libnbc, MPICH's schedules), so a
+    # peer that waits for that request before it joins the shared call would wait for ever.
+    comm = MPIComm(MPI.COMM_WORLD.Dup())
+    comm.alloc_shared(1)
+    comm._shm.sync.timeout = 10.0
+    n = MIN_BYTES // 8
+    big = comm.alloc_shared(n, torch.float64)
+    big.copy_(torch.from_numpy(rank_data(comm.rank, n, "float64")))
+    small = torch.from_numpy(rank_data(comm.rank, 1001, "float64"))
+    pending = comm.iallreduce(small)
+    if (comm.rank == 0) == (first == "shared"):
+        comm.allreduce(big)
+        pending.wait()
+    else:
+        pending.wait()
+        comm.allreduce(big)
+    assert_close(small, "sum", comm.size, 1001, "float64")
+    assert_close(big, "sum", comm.size, n, "float64")

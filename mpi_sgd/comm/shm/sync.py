@@ -18,8 +18,11 @@ runs on another core and is nearly there, and a yield could hand this core to an
 for a whole scheduler slice. Not longer: on a host shared with other work the awaited rank may
 be waiting for this very core all the same, and then every wait costs the whole spin (a spin of
 a few thousand polls made the all-reduce several times slower on a loaded host than yielding at
-once). It checks every 10 ms that the ranks it waits for still exist (pids exchanged at
-start-up; a few microseconds), and gives up after
+once). While it waits it also enters MPI every few polls (an ``Iprobe``, well under a microsecond):
+the rank it waits for may itself be waiting for an MPI request of this rank (a bucket below the
+shared path's threshold), and a non-blocking collective's later rounds move only when each rank
+enters MPI, so a wait that never did could wait for ever. It checks every 10 ms that the ranks it
+waits for still exist (pids exchanged at start-up; a few microseconds), and gives up after
 ``timeout`` seconds (``MPI_SGD_SHM_TIMEOUT``, default 300). Either way it raises
 :class:`StalledRankError` naming them. Where the launcher leaves the other ranks running after
 one ends (hydra's ``mpiexec -disable-auto-cleanup`` when a rank *exits* without ``MPI_Finalize``;
@@ -108,6 +111,7 @@ class NodeSync:
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
         self.spin_seconds = 0.0 if max(host_ranks, node.Get_size()) > cores else SPIN_SECONDS
         self.rank, self.world_ranks = node.Get_rank(), world_ranks
+        self.node = node
         me = (os.getpid(), _pid_namespace())
         # A pid means something only inside our own pid namespace; elsewhere the timeout has to do.
         self.pids = {world_ranks[q]: pid for q, (pid, ns) in enumerate(node.allgather(me)) if ns and ns == me[1]}
@@ -173,6 +177,7 @@ class NodeSync:
                 return
             polls += 1
             if polls % CLOCK_EVERY == 0:  # the clock is read once every few polls
+                self.node.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG)  # drives this rank's MPI requests (see above)
                 now = time.monotonic()
                 if now >= next_check:
                     self._check_alive(behind, what)
