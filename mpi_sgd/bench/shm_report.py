@@ -10,7 +10,7 @@ from __future__ import annotations
 from ..confidence import fit_line, paired_ratio, verdict
 from ..report import human_bytes, markdown_table, plot_by_size
 
-LARGE = 64 << 10  # from here up the shared all-reduce runs (below it MPI's own does the work)
+LARGE = 64 << 10  # the targets' boundary: at least MPI's speed from here up, and below it
 NEAR_MEMCPY = 4 << 20  # from here up it must be within MEMCPY_FACTOR of a memcpy
 MEMCPY_FACTOR = 1.3
 

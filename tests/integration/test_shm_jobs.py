@@ -127,7 +127,7 @@ def test_bench_shm_prints_the_comparison_and_the_targets(tmp_path):
     rows = json.loads((tmp_path / "shm-n2.json").read_text())["rows"]
     assert [r["bytes"] for r in rows] == [4096 << k for k in range(6)]
     assert all(r[i] > 0 for r in rows for i in ("shared", "raw", "seam", "gloo", "memcpy"))
-    # every all-reduce summed known values exactly at every size, the shared path (from 64 KiB) too
+    # every all-reduce summed known values exactly at every size, the shared path (from 16 KiB) too
     assert all(
         r[f"{i}_wrong"] == 0 and r[f"{i}_busbw_GBps"] > 0 for r in rows for i in ("shared", "raw", "seam", "gloo")
     )
