@@ -350,3 +350,23 @@ def test_a_rank_waiting_in_shared_memory_moves_its_mpi_calls_along(first):
         comm.allreduce(big)
     assert_close(small, "sum", comm.size, 1001, "float64")
     assert_close(big, "sum", comm.size, n, "float64")
+
+
+def test_trainer_with_buckets_on_both_paths_equals_one_process():
+    """One step's buckets split between the shared path and MPI's (the threshold set between their
+    sizes), as a model whose buckets straddle MIN_BYTES has them; the order of waits that can hang
+    such a mix is the test above's. Same equivalence and tolerance as tests/mpi/test_sync_sgd.py."""
+    comm = MPIComm(MPI.COMM_WORLD.Dup())
+    comm.alloc_shared(1)
+    cfg = train_config(strategy="bucketed", bucket_mb=0.004)
+    ds = regression_set(comm.size)
+    trainer = sgd.distributed(comm, cfg, ds)
+    sizes = sorted(sum(p.numel() * p.element_size() for p in b.params) for b in trainer.sync.buckets)
+    assert len(set(sizes)) > 1, sizes  # here 512 B to 32 KiB
+    comm._shm.min_bytes = sizes[-1]  # the largest shared, the smaller ones to MPI
+    before = comm._shm.seq
+    trainer.train()
+    assert took_shared_path(comm, before)
+    got = flat_params(trainer.model)
+    torch.testing.assert_close(got, sgd.reference(comm.size, cfg, ds), rtol=sgd.RTOL, atol=sgd.ATOL)
+    assert_same_on_every_rank(comm, got)
