@@ -64,7 +64,7 @@ stage = PipelineStage(comm, module, F.cross_entropy, args.schedule, args.micro_b
 opt = torch.optim.SGD(module.parameters(), lr=0.05, momentum=0.9)
 ref_opt = torch.optim.SGD(reference.parameters(), lr=0.05, momentum=0.9)
 g = torch.Generator().manual_seed(1)
-worst = 0.0
+worst, lines = 0.0, []
 for step in range(args.steps):
     x = torch.randn(args.batch_size, sizes[0], generator=g, dtype=torch.float64)
     y = torch.randint(10, (args.batch_size,), generator=g)
@@ -75,20 +75,24 @@ for step in range(args.steps):
     ref_opt.step()
     if stage.last:
         worst = max(worst, abs(loss - ref_loss.item()))
-        print(f"step {step}: loss {loss:.6f} (unsplit {ref_loss.item():.6f})", flush=True)
+        lines.append(f"step {step}: loss {loss:.6f} (unsplit {ref_loss.item():.6f})")
 
 # 2. The equality check. Float64; micro-batches only change the order in which the batch's
 #    gradient is summed, so stages agree with the unsplit model to rounding (a few ulps).
 for a, b in zip(module.parameters(), mine.parameters(), strict=True):
     worst = max(worst, (a - b).abs().max().item())
 worst = max(comm.allgather_obj(worst))
+# Only the last stage knows the loss, but all output comes from rank 0: lines two ranks print
+# reach the launcher through separate pipes, and it may interleave them, even mid-line.
+lines = comm.allgather_obj(lines)[-1]
 tol = 1e-12
 if comm.is_root:
+    print("\n".join(lines))
     verdict = "equal" if worst <= tol else "DIFFERENT"
     print(
-        f"{comm.size} stage(s), layers cut at {bounds}, {args.schedule}, m = {args.micro_batches}: "
-        f"parameters and loss vs the unsplit model after {args.steps} steps: max |difference| "
-        f"{worst:.2g} (tolerance {tol:g}): {verdict}"
+        f"{comm.size} stage(s), layers cut at {bounds}, {args.schedule}, m = {args.micro_batches}: parameters "
+        f"and loss vs the unsplit model\n  after {args.steps} steps: max |difference| {worst:.2g} "
+        f"(tolerance {tol:g}): {verdict}"
     )
 
 # 3. The bubble: the fraction of each step the stages spend not computing, at several m.

@@ -29,8 +29,8 @@ def test_08_pipeline_checks_equality_and_prints_the_bubble_table(tmp_path):
     trace = tmp_path / "pipeline.json"
     out = run_mpi(3, str(EXAMPLES / "08_pipeline.py"), "--schedule", "1f1b", "--timeline", str(trace), env=ENV).stdout
     assert re.search(
-        r"3 stage\(s\), layers cut at \[0, 2, 4, 6\], 1f1b, m = 4: parameters and loss vs the unsplit model after "
-        r"3 steps: max \|difference\| \S+ \(tolerance 1e-12\): equal",
+        r"3 stage\(s\), layers cut at \[0, 2, 4, 6\], 1f1b, m = 4: parameters and loss vs the unsplit model\n"
+        r"  after 3 steps: max \|difference\| \S+ \(tolerance 1e-12\): equal",
         out,
     ), out
     for m, ideal in ((1, 0.667), (2, 0.5), (4, 0.333), (8, 0.2)):  # (R-1)/(m+R-1) at R = 3
