@@ -77,22 +77,18 @@ for step in range(args.steps):
         worst = max(worst, abs(loss - ref_loss.item()))
         lines.append(f"step {step}: loss {loss:.6f} (unsplit {ref_loss.item():.6f})")
 
-# 2. The equality check. Float64; micro-batches only change the order in which the batch's
-#    gradient is summed, so stages agree with the unsplit model to rounding (a few ulps).
+# 2. The equality check. Float64; micro-batches only reorder the batch's gradient sum: a few ulps.
 for a, b in zip(module.parameters(), mine.parameters(), strict=True):
     worst = max(worst, (a - b).abs().max().item())
 worst = max(comm.allgather_obj(worst))
-# Only the last stage knows the loss, but all output comes from rank 0: lines two ranks print
-# reach the launcher through separate pipes, and it may interleave them, even mid-line.
-lines = comm.allgather_obj(lines)[-1]
+lines = comm.allgather_obj(lines)[-1]  # the last stage's, printed by rank 0: two ranks' lines can interleave
 tol = 1e-12
 if comm.is_root:
-    print("\n".join(lines))
-    verdict = "equal" if worst <= tol else "DIFFERENT"
+    print(*lines, sep="\n")
     print(
-        f"{comm.size} stage(s), layers cut at {bounds}, {args.schedule}, m = {args.micro_batches}: parameters "
-        f"and loss vs the unsplit model\n  after {args.steps} steps: max |difference| {worst:.2g} "
-        f"(tolerance {tol:g}): {verdict}"
+        f"{comm.size} stage(s), layers cut at {bounds}, {args.schedule}, m = {args.micro_batches}: parameters and "
+        f"loss vs the unsplit model\n  after {args.steps} steps: max |difference| {worst:.2g} (tolerance {tol:g}): "
+        f"{'equal' if worst <= tol else 'DIFFERENT'}"
     )
 
 # 3. The bubble: the fraction of each step the stages spend not computing, at several m.
