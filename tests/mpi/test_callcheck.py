@@ -13,18 +13,31 @@ from mpi4py import MPI
 
 from mpi_sgd.comm import CollectiveMismatchError
 from mpi_sgd.comm.backends.mpi import MPIComm
+from mpi_sgd.comm.shm.sync import StalledRankError
 from mpi_sgd.comm.wrappers.callcheck import CallCheck
 
 pytestmark = pytest.mark.mpi
 
 
-def fresh() -> CallCheck:
-    return CallCheck(MPIComm(MPI.COMM_WORLD.Dup()))
+@pytest.fixture(params=["memory", "mpi"])
+def fresh(request):
+    """A new checked communicator; ``memory``: blocking calls agreed in shared memory (every rank of
+    this job is on one host), ``mpi``: by a tiny all-reduce, as across hosts (a pretend node of one
+    rank each)."""
+
+    def make() -> CallCheck:
+        comm = CallCheck(MPIComm(MPI.COMM_WORLD.Dup(), node_size=None if request.param == "memory" else 1))
+        comm.allreduce(torch.zeros(1))  # the first reduction sets the check up
+        assert (comm._here is not None) == (request.param == "memory" and comm.size > 1)
+        comm.calls = 0
+        return comm
+
+    return make
 
 
 @pytest.mark.parametrize("blocking", [True, False], ids=["allreduce", "iallreduce"])
 @pytest.mark.parametrize("n", [5, 3000, 70000])
-def test_agreeing_calls_sum_as_the_backend_does(blocking, n):
+def test_agreeing_calls_sum_as_the_backend_does(fresh, blocking, n):
     comm = fresh()
     x = torch.arange(n, dtype=torch.float64) + comm.rank
     if blocking:
@@ -41,7 +54,7 @@ def test_agreeing_calls_sum_as_the_backend_does(blocking, n):
 
 
 @pytest.mark.parametrize("blocking", [True, False], ids=["allreduce", "iallreduce"])
-def test_a_rank_with_one_more_element_is_named_on_every_rank(blocking):
+def test_a_rank_with_one_more_element_is_named_on_every_rank(fresh, blocking):
     comm = fresh()
     if comm.size == 1:
         pytest.skip("needs two ranks to disagree")
@@ -59,7 +72,7 @@ def test_a_rank_with_one_more_element_is_named_on_every_rank(blocking):
         assert f"rank {r}: {name} of 5 float32, op sum (call #1)" in text
 
 
-def test_ranks_with_different_ops_are_named():
+def test_ranks_with_different_ops_are_named(fresh):
     comm = fresh()
     if comm.size == 1:
         pytest.skip("needs two ranks to disagree")
@@ -68,15 +81,27 @@ def test_ranks_with_different_ops_are_named():
         comm.allreduce(x, "max" if comm.rank == 0 else "sum")
 
 
-def test_each_part_of_a_split_checks_its_own_calls():
+def test_each_part_of_a_split_checks_its_own_calls(fresh):
     comm = fresh()
     part = comm.split(comm.rank % 2, key=-comm.rank)  # the halves, each in reverse order
     assert isinstance(part, CallCheck)
     x = torch.ones(3)
     part.allreduce(x)
     assert torch.equal(x, torch.full((3,), float(part.size)))
-    assert part.side is not None and comm.side is None  # the part's checks on a duplicate of the part
+    assert part.side is not None and part.side != comm.side  # the part's checks on a duplicate of the part
     if part.size > 1:
         with pytest.raises(CollectiveMismatchError, match=r"rank 0: iallreduce of 4 float32"):
             part.iallreduce(torch.ones(3 + (part.rank == 0))).wait()
     assert comm.calls == 0  # the parent saw none of the part's calls
+
+
+def test_a_rank_that_never_makes_the_call_is_named_on_one_host(fresh):
+    comm = fresh()
+    if comm._here is None:
+        pytest.skip("checked in shared memory only with two ranks or more on one host; else the watchdog names it")
+    comm._here.timeout = 0.5  # the bounded wait of the shared all-reduce, shortened for the test
+    last = comm.size - 1
+    if comm.rank != last:
+        with pytest.raises(StalledRankError, match=rf"waited 0.5 s for rank\(s\) {last} to make reduction call #1;"):
+            comm.allreduce(torch.ones(3))
+    MPI.COMM_WORLD.Barrier()

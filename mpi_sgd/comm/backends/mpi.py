@@ -157,6 +157,12 @@ class MPIComm(Communicator):
             self._shm = SharedAllreduce(self.comm, self._node_size)
         return self._shm.alloc(n, dtype)
 
+    @property
+    def one_node(self) -> bool:
+        """Whether every rank of this communicator shares one host's memory (and no pretend node
+        size, ``MPI_SGD_SHM_NODE_SIZE``, cuts them apart): then ranks can meet in shared memory."""
+        return self.local_size == self.size and (self._node_size is None or self._node_size >= self.size)
+
     def checks_own_calls(self, buf) -> bool:
         """Whether an all-reduce of ``buf`` compares the ranks' arguments itself: the node-shared
         all-reduce does, before it reads anything (:mod:`mpi_sgd.comm.shm.stages`)."""

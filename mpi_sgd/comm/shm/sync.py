@@ -106,8 +106,15 @@ class NodeSync:
     ``host_ranks`` is how many ranks of the job share this host (``node`` may be a part of them).
     """
 
-    def __init__(self, node: MPI.Comm, world_ranks: list[int], timeout: float | None = None, host_ranks: int = 1):
-        self.timeout = timeout_setting(timeout)
+    def __init__(
+        self,
+        node: MPI.Comm,
+        world_ranks: list[int],
+        timeout: float | None = None,
+        host_ranks: int = 1,
+        name: str = "shared-memory all-reduce",
+    ):
+        self.timeout, self.name = timeout_setting(timeout), name  # the name starts every message
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
         self.spin_seconds = 0.0 if max(host_ranks, node.Get_size()) > cores else SPIN_SECONDS
         self.rank, self.world_ranks = node.Get_rank(), world_ranks
@@ -184,7 +191,7 @@ class NodeSync:
                     next_check = now + LIVENESS_EVERY
                 if now - start > self.timeout:
                     raise StalledRankError(
-                        f"shared-memory all-reduce: waited {self.timeout:g} s for rank(s) "
+                        f"{self.name}: waited {self.timeout:g} s for rank(s) "
                         f"{', '.join(map(str, behind))} {what}; they are alive but not taking part (stuck "
                         "elsewhere, or calling collectives in another order). MPI_SGD_SHM_TIMEOUT sets the limit.",
                         list(behind),
@@ -199,9 +206,7 @@ class NodeSync:
         gone = [r for r in ranks if r in self.pids and _dead(self.pids[r])]
         if gone:
             names = ", ".join(f"{r} (pid {self.pids[r]})" for r in gone)
-            raise StalledRankError(
-                f"shared-memory all-reduce: rank(s) {names} exited while this rank waited for them {what}", gone
-            )
+            raise StalledRankError(f"{self.name}: rank(s) {names} exited while this rank waited for them {what}", gone)
 
     def close(self) -> None:
         self.flags.clear()

@@ -7,17 +7,29 @@ all, or a hang; ``Iallreduce`` never notices. The watchdog's running CRC finds s
 the fact (:mod:`.watchdog`), and debug mode (:mod:`.checked`) finds it before the call, at the
 price of a blocking exchange of pickled objects per call.
 
-:class:`CallCheck` does it with one tiny all-reduce per call on a duplicate of the
-communicator: each rank contributes ``(h, -h)`` under ``MAX``, ``h`` a 31-bit code of the call's
-name, element count, dtype and op, so every rank learns ``max h`` and ``min h`` at once. If they
-differ, the ranks exchange their calls (on the duplicate, where the broken call cannot get in the
-way) and every rank raises :class:`~mpi_sgd.comm.errors.CollectiveMismatchError` naming each rank's
-length, dtype and op, so MPI never sees the mismatched call and never gets to say "Message
-truncated". A blocking call waits for the check before it starts: with mismatched lengths it
-might never return (MPICH's shared-memory algorithms can wait for bytes that never come). A
-non-blocking call starts both, and ``wait()`` settles the check before the call, so the check's
-latency hides behind the caller's overlap. Ranks that make a different *number* of calls are a
-stall, which the watchdog names.
+Two ways, by where the ranks are. **All on one host** (the common case here, and every
+single-node job), a blocking call is agreed in shared memory, with no MPI call at all: each rank
+stores one 8-byte word, its count of checked calls in the high half and ``h`` in the low half, ``h``
+a 31-bit code of the call's name, element count, dtype and op, into a page of its own in a window
+the ranks share (:class:`~mpi_sgd.comm.shm.sync.NodeSync`), waits until every other rank's word
+carries the same count, and compares the words. One aligned 8-byte store is atomic, so no fence is
+needed. A rank can overwrite its word with the next call's before a slower peer has read it (the
+reduction in between cannot finish before every rank has entered it, but a caller may go on
+without it), so a peer's word carrying the next call counts as agreement: it got there only by
+reading this rank's word and finding its own.
+The wait is the shared all-reduce's own (bounded, naming a dead or stalled rank, entering MPI
+every few polls). **Across hosts**, and for every non-blocking call (several can be in flight, so
+one word per rank would not do), it is one tiny all-reduce on a duplicate of the communicator:
+each rank contributes ``(h, -h)`` under ``MAX``, so every rank learns ``max h`` and ``min h`` at
+once. Either way, if the ranks differ they exchange their calls (on the duplicate, where the
+broken call cannot get in the way) and every rank raises
+:class:`~mpi_sgd.comm.errors.CollectiveMismatchError` naming each rank's length, dtype and op, so
+MPI never sees the mismatched call and never gets to say "Message truncated". A blocking call
+waits for the check before it starts: with mismatched lengths it might never return (MPICH's
+shared-memory algorithms can wait for bytes that never come). A non-blocking call starts both,
+and ``wait()`` settles the check before the call, so the check's latency hides behind the
+caller's overlap. Ranks that make a different *number* of calls, or one a blocking and another a
+non-blocking call, are a stall, which the watchdog names.
 
 It covers the reductions, whose results a caller reads (``allreduce``, ``iallreduce``,
 ``reduce_scatter``, ``ireduce_scatter``), on the mpi4py backend; torch's backends check lengths
@@ -37,6 +49,8 @@ from ..base import Request
 from ..errors import CollectiveMismatchError
 from .wrapper import CommWrapper
 
+WORD = 0  # where in its page of the shared window a rank stores its call's word
+
 
 class CallCheck(CommWrapper):
     """``inner`` (an MPI backend: it has ``comm``) with every reduction's arguments compared across
@@ -46,7 +60,8 @@ class CallCheck(CommWrapper):
         super().__init__(inner)
         self.calls = 0
         self._codes: dict = {}
-        self.side = self._skip = None  # made at the first reduction, which every rank makes alike
+        self.side = self._skip = self._here = None  # made at the first reduction, which every rank makes alike
+        self._seq = 0
 
     def _ready(self) -> None:
         from mpi4py import MPI
@@ -54,22 +69,54 @@ class CallCheck(CommWrapper):
         self._MPI = MPI
         self.side = self.inner.comm.Dup()  # the checks' own order of calls, apart from the job's
         self._skip = getattr(self.inner, "checks_own_calls", None)  # the node-shared all-reduce checks itself
+        if self.inner.size > 1 and getattr(self.inner, "one_node", False):
+            from ..shm.sync import QUICK_POLLS, NodeSync
+
+            ranks = list(range(self.inner.size))
+            self._here = NodeSync(self.side, ranks, host_ranks=self.inner.local_size, name="reduction argument check")
+            self._others = [q for q in ranks if q != self.inner.rank]
+            self._polls = QUICK_POLLS if self._here.spin_seconds else 0
 
     def _word(self, name: str, buf, op: str) -> tuple:
-        """The call's description and its template ``(h, -h)``, made once per kind of call: a
-        dictionary lookup is what the common case costs."""
+        """The call's description, its code ``h`` and the template ``(h, -h)``, made once per kind
+        of call: a dictionary lookup is what the common case costs."""
         key = (name, buf.shape, buf.dtype, op)
         found = self._codes.get(key)
         if found is None:
             count = buf.numel() if isinstance(buf, torch.Tensor) else buf.size  # the seam takes numpy arrays too
             text = f"{name} of {count} {str(buf.dtype).replace('torch.', '')}, op {op}"
             code = zlib.crc32(text.encode()) & 0x7FFFFFFF
-            found = self._codes[key] = (text, np.array([code, -code], dtype=np.int64))
+            found = self._codes[key] = (text, np.array([code, -code], dtype=np.int64), code)
         return found
+
+    def _agree_here(self, name: str, buf, op: str) -> None:
+        """A blocking call agreed in shared memory (see the module docstring); raises on disagreement."""
+        self.calls += 1
+        text, _, code = self._word(name, buf, op)
+        seq = self._seq = self._seq % 0x7FFFFFFF + 1  # never 0, which a fresh page holds; below 2**31
+        ahead = seq % 0x7FFFFFFF + 1
+        word = (seq << 32) | code
+        flags = self._here.flags
+        flags[self._here.rank][WORD] = word
+        # A peer whose word already carries the next call got past this one, which it can only do
+        # by seeing this rank's word match its own (a caller that goes on without the reduction,
+        # after it raised before reaching MPI, say): it has agreed. Peers are never further apart.
+        for q in self._others:
+            theirs = flags[q]
+            if theirs[WORD] >> 32 not in (seq, ahead):
+                for _ in range(self._polls):  # a peer a few microseconds behind: bare polls see it soonest
+                    if theirs[WORD] >> 32 in (seq, ahead):
+                        break
+                else:
+                    missing = lambda: [r for r in self._others if flags[r][WORD] >> 32 not in (seq, ahead)]  # noqa: E731
+                    self._here.spin(missing, f"to make reduction call #{self.calls}")
+                    break
+        if any(w >> 32 == seq and w != word for w in (flags[q][WORD] for q in self._others)):
+            self._disagree(text)
 
     def _start(self, name: str, buf, op: str, blocking: bool = False):
         self.calls += 1
-        text, template = self._word(name, buf, op)
+        text, template, _ = self._word(name, buf, op)
         word = template.copy()
         MPI = self._MPI
         # Blocking, it is MPI's fastest small all-reduce; non-blocking, it can overlap the call.
@@ -86,8 +133,11 @@ class CallCheck(CommWrapper):
         if req is not None:
             req.Wait()
         high, low = word.tolist()
-        if high == -low:
-            return
+        if high != -low:
+            self._disagree(text)
+
+    def _disagree(self, text: str) -> None:
+        """Every rank, having seen the ranks differ: exchange the calls and raise the same message."""
         everyone = self.side.allgather(f"{text} (call #{self.calls})")
         differ = [str(r) for r, call in enumerate(everyone) if call != everyone[0]]
         lines = "\n".join(f"  rank {r}: {call}" for r, call in enumerate(everyone))
@@ -107,7 +157,10 @@ class CallCheck(CommWrapper):
             return call(*args)
         # The check first: a blocking reduction with mismatched lengths may not return at all
         # (MPICH's shared-memory algorithms wait for bytes that never come), so it is not started.
-        self._finish(self._start(name, buf, op, blocking=True))
+        if self._here is not None:
+            self._agree_here(name, buf, op)
+        else:
+            self._finish(self._start(name, buf, op, blocking=True))
         return call(*args)
 
     def _nonblocking(self, name, buf, op, call, *args) -> Request:
