@@ -105,3 +105,19 @@ def test_a_rank_that_never_makes_the_call_is_named_on_one_host(fresh):
         with pytest.raises(StalledRankError, match=rf"waited 0.5 s for rank\(s\) {last} to make reduction call #1;"):
             comm.allreduce(torch.ones(3))
     MPI.COMM_WORLD.Barrier()
+
+
+def test_calls_refused_after_the_check_leave_no_rank_waiting(fresh):
+    """A call can pass the check and then be refused before it reaches MPI ('avg' of integers), and
+    a caller may catch that and go on: then no reduction holds the ranks together between two
+    checks, and a fast rank stores its next word before a slow one has read this one. That must
+    count as agreement (it did agree), not leave the slow rank waiting for a word it will never see."""
+    comm = fresh()
+    if comm._here is not None:
+        comm._here.timeout = 10
+    x = torch.ones(3, dtype=torch.int64)
+    for _ in range(300):
+        with pytest.raises(TypeError, match="op 'avg' needs a floating dtype"):
+            comm.allreduce(x, "avg")
+    comm.allreduce(x)  # and the ranks still agree on what comes next
+    assert torch.equal(x, torch.full((3,), comm.size)) and comm.calls == 301

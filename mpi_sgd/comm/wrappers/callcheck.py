@@ -7,18 +7,18 @@ all, or a hang; ``Iallreduce`` never notices. The watchdog's running CRC finds s
 the fact (:mod:`.watchdog`), and debug mode (:mod:`.checked`) finds it before the call, at the
 price of a blocking exchange of pickled objects per call.
 
-Two ways, by where the ranks are. **All on one host** (the common case here, and every
-single-node job), a blocking call is agreed in shared memory, with no MPI call at all: each rank
-stores one 8-byte word, its count of checked calls in the high half and ``h`` in the low half, ``h``
-a 31-bit code of the call's name, element count, dtype and op, into a page of its own in a window
-the ranks share (:class:`~mpi_sgd.comm.shm.sync.NodeSync`), waits until every other rank's word
-carries the same count, and compares the words. One aligned 8-byte store is atomic, so no fence is
-needed. A rank can overwrite its word with the next call's before a slower peer has read it (the
-reduction in between cannot finish before every rank has entered it, but a caller may go on
-without it), so a peer's word carrying the next call counts as agreement: it got there only by
-reading this rank's word and finding its own.
-The wait is the shared all-reduce's own (bounded, naming a dead or stalled rank, entering MPI
-every few polls). **Across hosts**, and for every non-blocking call (several can be in flight, so
+Two ways, by where the ranks are. **All on one host** (every single-node job), a blocking call
+is agreed in shared memory, with no MPI call at all. Each rank has a page of its own in a window
+the ranks share (:class:`~mpi_sgd.comm.shm.sync.NodeSync`) and stores into it one 8-byte word: its
+count of checked calls in the high half, ``h`` in the low half (``h`` a 31-bit code of the call's
+name, element count, dtype and op). It waits until every other rank's word carries the same count,
+then compares the words. One aligned 8-byte store is atomic, so no fence is needed. A fast rank
+may already have stored its next call's word when a slow one reads (MPI's reduction in between
+cannot finish before every rank has entered it, but a caller that catches an error raised before
+MPI was reached goes on without it); it can only have got there by finding the slow rank's word
+equal to its own, so a word one call ahead counts as agreement, and no rank gets two calls ahead.
+The wait is the shared all-reduce's own: bounded, naming a dead or stalled rank, entering MPI
+every few polls. **Across hosts**, and for every non-blocking call (several can be in flight, so
 one word per rank would not do), it is one tiny all-reduce on a duplicate of the communicator:
 each rank contributes ``(h, -h)`` under ``MAX``, so every rank learns ``max h`` and ``min h`` at
 once. Either way, if the ranks differ they exchange their calls (on the duplicate, where the
