@@ -16,10 +16,6 @@ line maps process IDs to ranks, so the table shows "rank 1 (pid N on HOST) kille
 
 The table is the whole result: case, expected status, bound, time taken, and the message line
 the check found. Add a case by appending a :class:`Case` to :data:`CASES`.
-
-Why over 300 lines: most of it is the cases themselves (data), beside the one runner and
-judge that read them; the drills that need their own code live in jobdrills.py and
-checkpoint/drill.py.
 """
 
 # (Said here, not in the docstring, which --help shows.)

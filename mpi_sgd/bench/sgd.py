@@ -49,10 +49,11 @@ the same step with no communication: what world size 1 costs on top of a plain t
 
 The variants are data (:data:`TABLE`, one :class:`Variant` each); the table, the plot and the
 verdicts are :mod:`.sgd_report`'s.
-
-Why over 300 lines: the variants (data) and how each is built and timed belong together;
-the table, the verdicts and the breakdown are already apart, in sgd_report.py.
 """
+
+# (Said here, not in the docstring, which --help shows.)
+# Why over 300 lines: the variants (data) and how each is built and timed belong together;
+# the table, the verdicts and the breakdown are already apart, in sgd_report.py.
 
 from __future__ import annotations
 

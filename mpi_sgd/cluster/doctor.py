@@ -15,9 +15,6 @@ It never hangs: every probe runs in its own thread under a deadline, and ssh get
 ``BatchMode=yes`` and a ``ConnectTimeout``. ssh is whatever mpiexec would use: the command in
 ``HYDRA_LAUNCHER_EXEC`` if set, else ``ssh``. The launcher's own host (and any name that is
 one of its addresses) is probed without ssh, as hydra starts local ranks without it.
-
-Why over 300 lines: the probe of each host, the comparison across hosts and the table are
-one command's three steps over one HostReport; apart, each would import the others.
 """
 
 # (Said here, not in the docstring, which --help shows.)
