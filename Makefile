@@ -142,10 +142,14 @@ test-unit: venv
 # python -m mpi4py turns an uncaught exception or a failed pytest on any rank into MPI_Abort,
 # so one failing rank ends the job instead of leaving the others in a collective.
 test-mpi test-mpirun: export MPIEXEC_TIMEOUT = $(SUITE_TIMEOUT)
+# At more ranks than cores MPICH's waiting ranks sleep instead of polling (HEAVY_YIELD), or the
+# ones with work wait behind them for the scheduler (docs/use/mpi-launchers.md); others ignore it.
 test-mpi: venv
 	@set -e; for n in $(TEST_SIZES); do \
 	  echo "== MPI tests at mpiexec -n $$n =="; \
-	  $(MPIEXEC) -n $$n $(PY) -m mpi4py -m pytest --with-mpi -x -q --timeout=$(TEST_TIMEOUT) tests/mpi; \
+	  yield=$$([ $$n -gt $$(nproc) ] && echo 1 || echo 0); \
+	  MPIR_CVAR_ENABLE_HEAVY_YIELD=$${MPIR_CVAR_ENABLE_HEAVY_YIELD:-$$yield} \
+	    $(MPIEXEC) -n $$n $(PY) -m mpi4py -m pytest --with-mpi -x -q --timeout=$(TEST_TIMEOUT) tests/mpi; \
 	done
 
 # Exactly the README's command, with the venv's bin first on PATH as `source .venv/bin/activate` puts it.

@@ -34,10 +34,25 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(skip)
 
 
+def _cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def oversubscribed(n: int) -> dict[str, str]:
+    """What a job of ``n`` ranks needs when they outnumber this machine's cores: MPICH's waiting
+    ranks then sleep instead of polling (``MPIR_CVAR_ENABLE_HEAVY_YIELD``), or the ranks with work
+    to do wait for scheduler slices behind polling ones and a test at four ranks on two cores
+    takes seconds to minutes by chance (see docs/contributing/tests.md). Other MPIs ignore the
+    variable (Open MPI yields by itself when oversubscribed); a value already set is kept."""
+    if n <= _cores() or "MPIR_CVAR_ENABLE_HEAVY_YIELD" in os.environ:
+        return {}
+    return {"MPIR_CVAR_ENABLE_HEAVY_YIELD": "1"}
+
+
 def run_mpi(n: int, *args: str, timeout: float = 120, env: dict | None = None, check: bool = True):
     """Run ``mpiexec -n n python args...``; return the CompletedProcess (stdout and stderr as text)."""
     cmd, base_env = mpiexec_command(n, *args)
-    full_env = {**base_env, "MPIEXEC_TIMEOUT": str(int(timeout)), **(env or {})}
+    full_env = {**base_env, **oversubscribed(n), "MPIEXEC_TIMEOUT": str(int(timeout)), **(env or {})}
     proc = run_job(cmd, shlex.join(cmd), cwd=ROOT, timeout=timeout + 30, env=full_env)
     if check and proc.returncode != 0:
         raise AssertionError(
