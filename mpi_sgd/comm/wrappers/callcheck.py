@@ -75,15 +75,16 @@ class CallCheck(CommWrapper):
             ranks = list(range(self.inner.size))
             self._here = NodeSync(self.side, ranks, host_ranks=self.inner.local_size, name="reduction argument check")
             self._others = [q for q in ranks if q != self.inner.rank]
+            self._mine, self._pages = self._here.flags[self.inner.rank], [self._here.flags[q] for q in self._others]
             self._polls = QUICK_POLLS if self._here.spin_seconds else 0
 
     def _word(self, name: str, buf, op: str) -> tuple:
         """The call's description, its code ``h`` and the template ``(h, -h)``, made once per kind
         of call: a dictionary lookup is what the common case costs."""
-        key = (name, buf.shape, buf.dtype, op)
+        count = buf.numel() if type(buf) is torch.Tensor else buf.size  # the seam takes numpy arrays too
+        key = (name, count, buf.dtype, op)
         found = self._codes.get(key)
         if found is None:
-            count = buf.numel() if isinstance(buf, torch.Tensor) else buf.size  # the seam takes numpy arrays too
             text = f"{name} of {count} {str(buf.dtype).replace('torch.', '')}, op {op}"
             code = zlib.crc32(text.encode()) & 0x7FFFFFFF
             found = self._codes[key] = (text, np.array([code, -code], dtype=np.int64), code)
@@ -94,25 +95,29 @@ class CallCheck(CommWrapper):
         self.calls += 1
         text, _, code = self._word(name, buf, op)
         seq = self._seq = self._seq % 0x7FFFFFFF + 1  # never 0, which a fresh page holds; below 2**31
-        ahead = seq % 0x7FFFFFFF + 1
-        word = (seq << 32) | code
-        flags = self._here.flags
-        flags[self._here.rank][WORD] = word
-        # A peer whose word already carries the next call got past this one, which it can only do
-        # by seeing this rank's word match its own (a caller that goes on without the reduction,
-        # after it raised before reaching MPI, say): it has agreed. Peers are never further apart.
-        for q in self._others:
-            theirs = flags[q]
+        ahead, word = seq % 0x7FFFFFFF + 1, (seq << 32) | code
+        self._mine[WORD] = word
+        for theirs in self._pages:
+            if theirs[WORD] == word:  # the common case: the peer got here first, with the same call
+                continue
+            # A peer whose word already carries the next call got past this one, which it can only do
+            # by seeing this rank's word match its own (a caller that goes on without the reduction,
+            # after it raised before reaching MPI, say): it has agreed. Peers are never further apart.
             if theirs[WORD] >> 32 not in (seq, ahead):
                 for _ in range(self._polls):  # a peer a few microseconds behind: bare polls see it soonest
                     if theirs[WORD] >> 32 in (seq, ahead):
                         break
                 else:
-                    missing = lambda: [r for r in self._others if flags[r][WORD] >> 32 not in (seq, ahead)]  # noqa: E731
-                    self._here.spin(missing, f"to make reduction call #{self.calls}")
-                    break
-        if any(w >> 32 == seq and w != word for w in (flags[q][WORD] for q in self._others)):
-            self._disagree(text)
+                    self._wait_long(seq, ahead)
+            found = theirs[WORD]
+            if found >> 32 == seq and found != word:
+                self._disagree(text)
+
+    def _wait_long(self, seq: int, ahead: int) -> None:
+        """The shared all-reduce's bounded wait, until every peer's word carries call ``seq`` or the next."""
+        pages = dict(zip(self._others, self._pages, strict=True))
+        missing = lambda: [q for q, p in pages.items() if p[WORD] >> 32 not in (seq, ahead)]  # noqa: E731
+        self._here.spin(missing, f"to make reduction call #{self.calls}")
 
     def _start(self, name: str, buf, op: str, blocking: bool = False):
         self.calls += 1
@@ -153,7 +158,9 @@ class CallCheck(CommWrapper):
         return self._skip is not None and self._skip(buf)
 
     def _blocking(self, name, buf, op, call, *args):
-        if self._unchecked(buf):
+        if self.side is None:
+            self._ready()
+        if self._skip is not None and self._skip(buf):  # _unchecked(), inline: every call pays for it
             return call(*args)
         # The check first: a blocking reduction with mismatched lengths may not return at all
         # (MPICH's shared-memory algorithms wait for bytes that never come), so it is not started.
