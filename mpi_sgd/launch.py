@@ -190,6 +190,12 @@ def interrupted(rank: int) -> None:
     os._exit(128 + signal.SIGINT)
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity, which a batch system or container may
+    narrow), else the machine's count."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 def pin_threads(local_size: int) -> int:
     """Give each rank on a node its share of the cores, unless the user chose (OMP_NUM_THREADS).
 

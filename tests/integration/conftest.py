@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from mpi_sgd.launch import mpiexec_command
+from mpi_sgd.launch import mpiexec_command, usable_cores
 from mpi_sgd.launchers import run_job
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -34,17 +34,13 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(skip)
 
 
-def _cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-
-
 def oversubscribed(n: int) -> dict[str, str]:
     """What a job of ``n`` ranks needs when they outnumber this machine's cores: MPICH's waiting
     ranks then sleep instead of polling (``MPIR_CVAR_ENABLE_HEAVY_YIELD``), or the ranks with work
     to do wait for scheduler slices behind polling ones and a test at four ranks on two cores
     takes seconds to minutes by chance (see docs/contributing/tests.md). Other MPIs ignore the
     variable (Open MPI yields by itself when oversubscribed); a value already set is kept."""
-    if n <= _cores() or "MPIR_CVAR_ENABLE_HEAVY_YIELD" in os.environ:
+    if n <= usable_cores() or "MPIR_CVAR_ENABLE_HEAVY_YIELD" in os.environ:
         return {}
     return {"MPIR_CVAR_ENABLE_HEAVY_YIELD": "1"}
 

@@ -41,6 +41,7 @@ import time
 import numpy as np
 from mpi4py import MPI
 
+from ...launch import usable_cores
 from .window import free_window, shared_window
 
 # Control block of each rank (int64 words): event counters, then descriptors of calls in flight.
@@ -115,8 +116,7 @@ class NodeSync:
         name: str = "shared-memory all-reduce",
     ):
         self.timeout, self.name = timeout_setting(timeout), name  # the name starts every message
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-        self.spin_seconds = 0.0 if max(host_ranks, node.Get_size()) > cores else SPIN_SECONDS
+        self.spin_seconds = 0.0 if max(host_ranks, node.Get_size()) > usable_cores() else SPIN_SECONDS
         self.rank, self.world_ranks = node.Get_rank(), world_ranks
         self.node = node
         me = (os.getpid(), _pid_namespace())
