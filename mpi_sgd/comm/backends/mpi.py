@@ -31,7 +31,7 @@ from ..base import (
     split_counts,
 )
 from ..buffers import as_array
-from . import mpitypes
+from . import bufplan, mpitypes
 
 _fromaddress = MPI.buffer.fromaddress
 _NUMPY_OPS = {"sum": MPI.SUM, "avg": MPI.SUM, "min": MPI.MIN, "max": MPI.MAX, "prod": MPI.PROD}
@@ -40,19 +40,19 @@ _NUMPY_OPS = {"sum": MPI.SUM, "avg": MPI.SUM, "min": MPI.MIN, "max": MPI.MAX, "p
 def _spec(buf):
     """What mpi4py's buffer methods take for ``buf``, sharing its memory.
 
-    The fast path checks exactly what ``as_array`` would (a plain CPU tensor, contiguous, not
-    requiring grad, of a dtype MPI has) and then names the memory directly. The buffer object
+    A contiguous CPU tensor (exactly a ``torch.Tensor``: a Parameter takes the checked path, as it
+    requires grad) is named by address and MPI datatype, worked out once per tensor
+    (:mod:`.bufplan`). A CUDA tensor is named the same way where MPI is CUDA-aware, after the
+    kernels writing it are done (MPI reads memory outside CUDA's streams). The buffer object
     holds no reference to the tensor, so non-blocking calls keep ``buf`` in their Request.
     """
-    if type(buf) is torch.Tensor:  # exactly: a Parameter takes the checked path (it requires grad)
-        mpitype = mpitypes.datatype(buf.dtype)  # bfloat16 too, and float16 where MPI lacks it
-        usable = buf.is_cpu or buf.is_cuda and gpu.cuda_aware()
-        if mpitype is not None and usable and not buf.requires_grad and buf.is_contiguous():
-            # MPI reads memory outside CUDA's streams: the kernels writing it must be done first.
+    if type(buf) is torch.Tensor:
+        found = bufplan.plan(buf)
+        if found is not None:
+            return found.spec
+        mpitype = mpitypes.datatype(buf.dtype)
+        if mpitype is not None and buf.is_cuda and gpu.cuda_aware() and not buf.requires_grad and buf.is_contiguous():
             gpu.sync(buf)
-            # No count: mpi4py derives it from the byte length, and for the gathered side of
-            # gather/allgather (the scattered side of scatter) splits it over the ranks, as it
-            # does for arrays. An explicit count there would mean "per rank".
             return [_fromaddress(buf.data_ptr(), buf.numel() * buf.element_size()), mpitype]
     return as_array(buf)
 
@@ -61,6 +61,13 @@ def _mpi_op(op: str, buf):
     """MPI's op for ``op`` on ``buf``'s dtype (a user-defined one for the 16-bit floats)."""
     check_op(op)  # raises with the list of valid ops
     return mpitypes.reduce_op(op, buf.dtype) if isinstance(buf, torch.Tensor) else _NUMPY_OPS[op]
+
+
+def _spec_op(buf, op: str):
+    """``(_spec(buf), _mpi_op(op, buf))`` with one look at the tensor: a reduction's hot path."""
+    if type(buf) is torch.Tensor and (found := bufplan.plan(buf)) is not None:
+        return found.spec, bufplan.op_for(found, op)
+    return _spec(buf), _mpi_op(op, buf)
 
 
 def _wildcard(value: int, mpi_value: int) -> int:
@@ -170,15 +177,22 @@ class MPIComm(Communicator):
 
     # -- collectives ----------------------------------------------------------------------
     def allreduce(self, buf, op="sum"):
+        if type(buf) is torch.Tensor and op != "avg":
+            plan = bufplan.plan(buf)
+            if plan is not None and (self._shm is None or plan.nbytes < self._shm.min_bytes):
+                # The common small call, with one look at the tensor: below the node-shared
+                # all-reduce's smallest buffer, straight to MPI.
+                self.comm.Allreduce(MPI.IN_PLACE, plan.spec, bufplan.op_for(plan, op))
+                return buf
         if self._shm is not None and (found := self._shm.find(buf)) is not None:
             self._shm.allreduce(found, op)
             return buf
         if op == "avg":
             check_avg(buf)
-            self.comm.Allreduce(MPI.IN_PLACE, _spec(buf), _mpi_op(op, buf))  # bfloat16's sum is MPI's user op
+            self.comm.Allreduce(MPI.IN_PLACE, *_spec_op(buf, op))  # bfloat16's sum is MPI's user op
             buf /= self.size
         else:
-            self.comm.Allreduce(MPI.IN_PLACE, _spec(buf), _mpi_op(op, buf))
+            self.comm.Allreduce(MPI.IN_PLACE, *_spec_op(buf, op))
         return buf
 
     def iallreduce(self, buf, op="sum"):
@@ -188,7 +202,7 @@ class MPIComm(Communicator):
         if op == "avg":
             check_avg(buf)
             finish = lambda: buf.__itruediv__(self.size)  # noqa: E731
-        return Request(self.comm.Iallreduce(MPI.IN_PLACE, _spec(buf), _mpi_op(op, buf)), _wait, _test, finish, keep=buf)
+        return Request(self.comm.Iallreduce(MPI.IN_PLACE, *_spec_op(buf, op)), _wait, _test, finish, keep=buf)
 
     def broadcast(self, buf, root=0):
         self.comm.Bcast(_spec(buf), root)
