@@ -29,11 +29,13 @@ _fromaddress = MPI.buffer.fromaddress
 
 
 class _Plan:
-    __slots__ = ("ref", "ptr", "nbytes", "spec", "dtype", "ops")
+    __slots__ = ("ref", "ptr", "nbytes", "spec", "dtype", "ops", "key", "unshared")
 
-    def __init__(self, ref, ptr: int, nbytes: int, spec: list, dtype: torch.dtype):
+    def __init__(self, ref, ptr: int, nbytes: int, spec: list, dtype: torch.dtype, count: int):
         self.ref, self.ptr, self.nbytes, self.spec, self.dtype = ref, ptr, nbytes, spec, dtype
         self.ops: dict[str, MPI.Op] = {}
+        self.key = (ptr, count, dtype)  # how the node-shared buffers are looked up (shm/window.py)
+        self.unshared = None  # node-shared memory this tensor is known to lie outside of
 
 
 _plans: dict[int, _Plan] = {}
@@ -68,7 +70,7 @@ def plan(buf: torch.Tensor) -> _Plan | None:
     # No count: mpi4py derives it from the byte length, and for the gathered side of
     # gather/allgather (the scattered side of scatter) splits it over the ranks, as it does for
     # arrays. An explicit count there would mean "per rank".
-    made = _plans[key] = _Plan(ref, ptr, nbytes, [_fromaddress(ptr, nbytes), mpitype], buf.dtype)
+    made = _plans[key] = _Plan(ref, ptr, nbytes, [_fromaddress(ptr, nbytes), mpitype], buf.dtype, buf.numel())
     return made
 
 
@@ -79,6 +81,18 @@ def op_for(found: _Plan, op: str) -> MPI.Op:
         check_op(op)  # raises with the list of valid ops
         mop = found.ops[op] = mpitypes.reduce_op(op, found.dtype)
     return mop
+
+
+def outside(found: _Plan, mem) -> bool:
+    """Whether the plan's memory lies outside every window of ``mem`` (a node-shared
+    :class:`~mpi_sgd.comm.shm.window.NodeMemory`), remembered: while the plan holds, its memory is
+    the live tensor's own, where no window made later can lie."""
+    if found.unshared is mem:
+        return True
+    if mem.find_key(found.key) is None:
+        found.unshared = mem
+        return True
+    return False
 
 
 def kept() -> int:

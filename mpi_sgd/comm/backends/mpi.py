@@ -34,6 +34,8 @@ from ..buffers import as_array
 from . import bufplan, mpitypes
 
 _fromaddress = MPI.buffer.fromaddress
+# Bound once: the all-reduce's hot path is short enough that module attribute lookups show.
+_Tensor, _IN_PLACE, _plan = torch.Tensor, MPI.IN_PLACE, bufplan.plan
 _NUMPY_OPS = {"sum": MPI.SUM, "avg": MPI.SUM, "min": MPI.MIN, "max": MPI.MAX, "prod": MPI.PROD}
 
 
@@ -61,13 +63,6 @@ def _mpi_op(op: str, buf):
     """MPI's op for ``op`` on ``buf``'s dtype (a user-defined one for the 16-bit floats)."""
     check_op(op)  # raises with the list of valid ops
     return mpitypes.reduce_op(op, buf.dtype) if isinstance(buf, torch.Tensor) else _NUMPY_OPS[op]
-
-
-def _spec_op(buf, op: str):
-    """``(_spec(buf), _mpi_op(op, buf))`` with one look at the tensor: a reduction's hot path."""
-    if type(buf) is torch.Tensor and (found := bufplan.plan(buf)) is not None:
-        return found.spec, bufplan.op_for(found, op)
-    return _spec(buf), _mpi_op(op, buf)
 
 
 def _wildcard(value: int, mpi_value: int) -> int:
@@ -176,33 +171,42 @@ class MPIComm(Communicator):
         return self._shm is not None and self._shm.find(buf) is not None
 
     # -- collectives ----------------------------------------------------------------------
+    def _straight(self, buf, op: str):
+        """``buf``'s plan if its reduction goes straight to MPI with nothing else to decide: a plain
+        CPU tensor (:mod:`.bufplan`), not a node-shared buffer (or below the shared all-reduce's
+        smallest), no division after. None sends the call down the general path."""
+        if type(buf) is _Tensor and op != "avg":
+            plan, shm = _plan(buf), self._shm
+            if plan is not None and (shm is None or plan.nbytes < shm.min_bytes or bufplan.outside(plan, shm.mem)):
+                return plan
+        return None
+
     def allreduce(self, buf, op="sum"):
-        if type(buf) is torch.Tensor and op != "avg":
-            plan = bufplan.plan(buf)
-            if plan is not None and (self._shm is None or plan.nbytes < self._shm.min_bytes):
-                # The common small call, with one look at the tensor: below the node-shared
-                # all-reduce's smallest buffer, straight to MPI.
-                self.comm.Allreduce(MPI.IN_PLACE, plan.spec, bufplan.op_for(plan, op))
-                return buf
+        if (plan := self._straight(buf, op)) is not None:  # the common call, one look at the tensor
+            self.comm.Allreduce(_IN_PLACE, plan.spec, plan.ops.get(op) or bufplan.op_for(plan, op))
+            return buf
         if self._shm is not None and (found := self._shm.find(buf)) is not None:
             self._shm.allreduce(found, op)
             return buf
         if op == "avg":
             check_avg(buf)
-            self.comm.Allreduce(MPI.IN_PLACE, *_spec_op(buf, op))  # bfloat16's sum is MPI's user op
+            self.comm.Allreduce(MPI.IN_PLACE, _spec(buf), _mpi_op(op, buf))  # bfloat16's sum is MPI's user op
             buf /= self.size
         else:
-            self.comm.Allreduce(MPI.IN_PLACE, *_spec_op(buf, op))
+            self.comm.Allreduce(MPI.IN_PLACE, _spec(buf), _mpi_op(op, buf))
         return buf
 
     def iallreduce(self, buf, op="sum"):
+        if (plan := self._straight(buf, op)) is not None:
+            handle = self.comm.Iallreduce(_IN_PLACE, plan.spec, plan.ops.get(op) or bufplan.op_for(plan, op))
+            return Request(handle, _wait, _test, keep=buf)
         if self._shm is not None and (found := self._shm.find(buf)) is not None:
             return self._shm.iallreduce(found, op, keep=buf)
         finish = None
         if op == "avg":
             check_avg(buf)
             finish = lambda: buf.__itruediv__(self.size)  # noqa: E731
-        return Request(self.comm.Iallreduce(MPI.IN_PLACE, *_spec_op(buf, op)), _wait, _test, finish, keep=buf)
+        return Request(self.comm.Iallreduce(MPI.IN_PLACE, _spec(buf), _mpi_op(op, buf)), _wait, _test, finish, keep=buf)
 
     def broadcast(self, buf, root=0):
         self.comm.Bcast(_spec(buf), root)

@@ -199,6 +199,9 @@ class NodeMemory:
         i = bisect.bisect(self._starts, seg.start)
         self._starts.insert(i, seg.start)
         self._by_start.insert(i, seg)
+        # An address remembered as "not ours" may be this window's now (freed memory mapped again),
+        # and every rank must send a buffer down the same path.
+        self._found.clear()
         mine = segment(win, self.rank, np_dtype, n)  # the caller's own view: when it dies, so may the window
         mine.fill(0)  # zeroed, and every page touched now rather than inside the first all-reduce
         # No barrier needed: a page read before its owner zeroes it is the same page (one per offset
@@ -229,6 +232,10 @@ class NodeMemory:
             key = (MPI.buffer(buf).address, buf.size, buf.dtype)
         else:
             return None
+        return self.find_key(key)
+
+    def find_key(self, key: tuple) -> tuple[_Segment, int, int] | None:
+        """:meth:`find` for a buffer already described as (address, element count, dtype)."""
         found = self._found.get(key, False)
         if found is False:
             if len(self._found) > 4096:  # a benchmark walking through many slices
