@@ -15,13 +15,6 @@ from mpi_sgd.comm.backends import bufplan
 pytestmark = pytest.mark.mpi
 
 
-@pytest.fixture
-def mpicomm(comm):
-    if comm.backend != "mpi4py":
-        pytest.skip("the plans are the mpi4py backend's")
-    return comm
-
-
 def rank_sum(comm) -> float:
     return comm.size * (comm.size + 1) / 2  # each rank contributes rank + 1
 

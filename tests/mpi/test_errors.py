@@ -14,13 +14,6 @@ from mpi_sgd.comm.wrappers.watchdog import Watchdog
 pytestmark = pytest.mark.mpi
 
 
-@pytest.fixture
-def mpicomm(comm):
-    if comm.backend != "mpi4py":
-        pytest.skip("buffer validation is the mpi4py backend's; torch validates its own")
-    return comm
-
-
 def test_non_contiguous_rejected(mpicomm):
     x = torch.zeros(4, 6)[:, ::2]
     with pytest.raises(CommError, match="not contiguous.*contiguous"):
