@@ -114,3 +114,31 @@ def test_through_what_init_gives_a_script(initialised):
     t.fill_(initialised.rank + 1)
     initialised.allreduce(t)
     assert t.tolist() == [rank_sum(initialised)] * 2
+
+
+@pytest.mark.parametrize("n", [16, 5000])  # below and above the shared all-reduce's smallest buffer
+def test_shared_and_ordinary_buffers_each_take_their_path_every_time(n):
+    """A kept plan remembers where a tensor lies; a tensor moved into a shared window (or out of
+    one) is looked up again, and every rank sends each buffer down the same path."""
+    from mpi4py import MPI
+
+    from mpi_sgd.comm.backends.mpi import MPIComm
+    from mpi_sgd.comm.shm.allreduce import MIN_BYTES
+
+    comm = MPIComm(MPI.COMM_WORLD.Dup())
+    shared, plain = comm.alloc_shared(n), torch.zeros(n)
+    takes_shared = comm.size > 1 and n * 4 >= MIN_BYTES
+    moved = torch.zeros(n)
+    for buf, via_window in [(shared, takes_shared), (plain, False)] * 2 + [(shared[: n // 2], takes_shared)]:
+        buf.fill_(comm.rank + 1)
+        before = comm._shm.seq
+        comm.allreduce(buf)
+        assert torch.all(buf == rank_sum(comm))
+        assert (comm._shm.seq > before) == (via_window and buf.nbytes >= MIN_BYTES), buf.nbytes
+    for target, via_window in [(shared, takes_shared), (torch.zeros(n), False), (shared, takes_shared)]:
+        moved.set_(target)  # the same tensor object, now in (or out of) the window
+        moved.fill_(comm.rank + 1)
+        before = comm._shm.seq
+        req = comm.iallreduce(moved)
+        req.wait()
+        assert torch.all(moved == rank_sum(comm)) and (comm._shm.seq > before) == via_window

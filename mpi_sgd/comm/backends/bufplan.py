@@ -29,13 +29,13 @@ _fromaddress = MPI.buffer.fromaddress
 
 
 class _Plan:
-    __slots__ = ("ref", "ptr", "nbytes", "spec", "dtype", "ops", "key", "unshared")
+    __slots__ = ("ref", "ptr", "nbytes", "spec", "dtype", "ops", "key", "mem", "where")
 
     def __init__(self, ref, ptr: int, nbytes: int, spec: list, dtype: torch.dtype, count: int):
         self.ref, self.ptr, self.nbytes, self.spec, self.dtype = ref, ptr, nbytes, spec, dtype
         self.ops: dict[str, MPI.Op] = {}
         self.key = (ptr, count, dtype)  # how the node-shared buffers are looked up (shm/window.py)
-        self.unshared = None  # node-shared memory this tensor is known to lie outside of
+        self.mem = self.where = None  # the node-shared memory last looked in, and what it said
 
 
 _plans: dict[int, _Plan] = {}
@@ -83,16 +83,14 @@ def op_for(found: _Plan, op: str) -> MPI.Op:
     return mop
 
 
-def outside(found: _Plan, mem) -> bool:
-    """Whether the plan's memory lies outside every window of ``mem`` (a node-shared
+def lookup(found: _Plan, mem):
+    """``mem.find_key`` for the plan's memory (``mem`` a node-shared
     :class:`~mpi_sgd.comm.shm.window.NodeMemory`), remembered: while the plan holds, its memory is
-    the live tensor's own, where no window made later can lie."""
-    if found.unshared is mem:
-        return True
-    if mem.find_key(found.key) is None:
-        found.unshared = mem
-        return True
-    return False
+    the live tensor's own, which either lies in one of ``mem``'s windows (kept alive by the tensor)
+    or outside all of them (no window made later can lie in live memory), so the answer stands."""
+    if found.mem is not mem:
+        found.mem, found.where = mem, mem.find_key(found.key)
+    return found.where
 
 
 def kept() -> int:

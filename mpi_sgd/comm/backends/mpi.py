@@ -168,25 +168,26 @@ class MPIComm(Communicator):
     def checks_own_calls(self, buf) -> bool:
         """Whether an all-reduce of ``buf`` compares the ranks' arguments itself: the node-shared
         all-reduce does, before it reads anything (:mod:`mpi_sgd.comm.shm.stages`)."""
-        return self._shm is not None and self._shm.find(buf) is not None
+        return self._where(buf)[1] is not None
 
     # -- collectives ----------------------------------------------------------------------
-    def _straight(self, buf, op: str):
-        """``buf``'s plan if its reduction goes straight to MPI with nothing else to decide: a plain
-        CPU tensor (:mod:`.bufplan`), not a node-shared buffer (or below the shared all-reduce's
-        smallest), no division after. None sends the call down the general path."""
-        if type(buf) is _Tensor and op != "avg":
-            plan, shm = _plan(buf), self._shm
-            if plan is not None and (shm is None or plan.nbytes < shm.min_bytes or bufplan.outside(plan, shm.mem)):
-                return plan
-        return None
+    def _where(self, buf):
+        """``(plan, found)``: ``buf``'s kept plan (None unless a plain CPU tensor: :mod:`.bufplan`),
+        and its place among the buffers the node-shared all-reduce takes (None: MPI's all-reduce)."""
+        shm = self._shm
+        if type(buf) is _Tensor and (plan := _plan(buf)) is not None:
+            if shm is None or plan.nbytes < shm.min_bytes:
+                return plan, None
+            return plan, shm.takes(bufplan.lookup(plan, shm.mem))
+        return None, (None if shm is None else shm.find(buf))
 
     def allreduce(self, buf, op="sum"):
-        if (plan := self._straight(buf, op)) is not None:  # the common call, one look at the tensor
-            self.comm.Allreduce(_IN_PLACE, plan.spec, plan.ops.get(op) or bufplan.op_for(plan, op))
-            return buf
-        if self._shm is not None and (found := self._shm.find(buf)) is not None:
+        plan, found = self._where(buf)  # one look at a tensor decides the common calls
+        if found is not None:
             self._shm.allreduce(found, op)
+            return buf
+        if plan is not None and op != "avg":
+            self.comm.Allreduce(_IN_PLACE, plan.spec, plan.ops.get(op) or bufplan.op_for(plan, op))
             return buf
         if op == "avg":
             check_avg(buf)
@@ -197,11 +198,12 @@ class MPIComm(Communicator):
         return buf
 
     def iallreduce(self, buf, op="sum"):
-        if (plan := self._straight(buf, op)) is not None:
+        plan, found = self._where(buf)
+        if found is not None:
+            return self._shm.iallreduce(found, op, keep=buf)
+        if plan is not None and op != "avg":
             handle = self.comm.Iallreduce(_IN_PLACE, plan.spec, plan.ops.get(op) or bufplan.op_for(plan, op))
             return Request(handle, _wait, _test, keep=buf)
-        if self._shm is not None and (found := self._shm.find(buf)) is not None:
-            return self._shm.iallreduce(found, op, keep=buf)
         finish = None
         if op == "avg":
             check_avg(buf)

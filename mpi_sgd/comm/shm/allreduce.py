@@ -82,7 +82,10 @@ class SharedAllreduce(Stages):
     def find(self, buf):
         """Where ``buf`` lives if it is a shared buffer this all-reduce takes; None sends it to MPI."""
         nbytes = getattr(buf, "nbytes", 0)  # numpy arrays and torch tensors both have it
-        found = self.mem.find(buf) if nbytes >= self.min_bytes else None
+        return self.takes(self.mem.find(buf) if nbytes >= self.min_bytes else None)
+
+    def takes(self, found):
+        """``found`` (a place in the windows, from ``NodeMemory.find``) if this all-reduce takes it."""
         if found is not None and found[0].half is not None and not self.flat:
             return None  # 16-bit floats between nodes: MPI's user-defined ops, on the whole buffer
         return found
