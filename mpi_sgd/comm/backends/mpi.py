@@ -40,14 +40,11 @@ _NUMPY_OPS = {"sum": MPI.SUM, "avg": MPI.SUM, "min": MPI.MIN, "max": MPI.MAX, "p
 
 
 def _spec(buf):
-    """What mpi4py's buffer methods take for ``buf``, sharing its memory.
-
-    A contiguous CPU tensor (exactly a ``torch.Tensor``: a Parameter takes the checked path, as it
-    requires grad) is named by address and MPI datatype, worked out once per tensor
-    (:mod:`.bufplan`). A CUDA tensor is named the same way where MPI is CUDA-aware, after the
-    kernels writing it are done (MPI reads memory outside CUDA's streams). The buffer object
-    holds no reference to the tensor, so non-blocking calls keep ``buf`` in their Request.
-    """
+    """What mpi4py's buffer methods take for ``buf``, sharing its memory: a contiguous CPU tensor
+    (exactly a ``torch.Tensor``: a Parameter requires grad) by address and MPI datatype, worked out
+    once per tensor (:mod:`.bufplan`); a CUDA tensor the same way where MPI is CUDA-aware, after
+    the kernels writing it are done (MPI reads memory outside CUDA's streams). The buffer object
+    holds no reference to the tensor, so non-blocking calls keep ``buf`` in their Request."""
     if type(buf) is torch.Tensor:
         found = bufplan.plan(buf)
         if found is not None:
@@ -168,26 +165,31 @@ class MPIComm(Communicator):
     def checks_own_calls(self, buf) -> bool:
         """Whether an all-reduce of ``buf`` compares the ranks' arguments itself: the node-shared
         all-reduce does, before it reads anything (:mod:`mpi_sgd.comm.shm.stages`)."""
-        return self._where(buf)[1] is not None
+        shm = self._shm  # asked by the per-call check on every call: small buffers leave at once
+        if shm is None or getattr(buf, "nbytes", 0) < shm.min_bytes:
+            return False
+        plan = _plan(buf) if type(buf) is _Tensor else None
+        return (shm.find(buf) if plan is None else self._in_window(plan)) is not None
 
     # -- collectives ----------------------------------------------------------------------
-    def _where(self, buf):
-        """``(plan, found)``: ``buf``'s kept plan (None unless a plain CPU tensor: :mod:`.bufplan`),
-        and its place among the buffers the node-shared all-reduce takes (None: MPI's all-reduce)."""
+    def _in_window(self, plan):
+        """Where a planned tensor (:mod:`.bufplan`) lies among the buffers the node-shared
+        all-reduce takes; None sends it to MPI."""
         shm = self._shm
-        if type(buf) is _Tensor and (plan := _plan(buf)) is not None:
-            if shm is None or plan.nbytes < shm.min_bytes:
-                return plan, None
-            return plan, shm.takes(bufplan.lookup(plan, shm.mem))
-        return None, (None if shm is None else shm.find(buf))
+        return None if shm is None or plan.nbytes < shm.min_bytes else shm.takes(bufplan.lookup(plan, shm.mem))
 
     def allreduce(self, buf, op="sum"):
-        plan, found = self._where(buf)  # one look at a tensor decides the common calls
-        if found is not None:
+        # A plain CPU tensor is decided with one look (its plan); the rest takes the general path.
+        if type(buf) is _Tensor and (plan := _plan(buf)) is not None:
+            shm = self._shm  # _in_window(plan), inline: the seam's most frequent call
+            if shm is not None and plan.nbytes >= shm.min_bytes and (found := shm.takes(bufplan.lookup(plan, shm.mem))):
+                shm.allreduce(found, op)
+                return buf
+            if op != "avg":
+                self.comm.Allreduce(_IN_PLACE, plan.spec, plan.ops.get(op) or bufplan.op_for(plan, op))
+                return buf
+        elif self._shm is not None and (found := self._shm.find(buf)) is not None:
             self._shm.allreduce(found, op)
-            return buf
-        if plan is not None and op != "avg":
-            self.comm.Allreduce(_IN_PLACE, plan.spec, plan.ops.get(op) or bufplan.op_for(plan, op))
             return buf
         if op == "avg":
             check_avg(buf)
@@ -198,12 +200,14 @@ class MPIComm(Communicator):
         return buf
 
     def iallreduce(self, buf, op="sum"):
-        plan, found = self._where(buf)
-        if found is not None:
+        if type(buf) is _Tensor and (plan := _plan(buf)) is not None:
+            if (found := self._in_window(plan)) is not None:
+                return self._shm.iallreduce(found, op, keep=buf)
+            if op != "avg":
+                handle = self.comm.Iallreduce(_IN_PLACE, plan.spec, plan.ops.get(op) or bufplan.op_for(plan, op))
+                return Request(handle, _wait, _test, keep=buf)
+        elif self._shm is not None and (found := self._shm.find(buf)) is not None:
             return self._shm.iallreduce(found, op, keep=buf)
-        if plan is not None and op != "avg":
-            handle = self.comm.Iallreduce(_IN_PLACE, plan.spec, plan.ops.get(op) or bufplan.op_for(plan, op))
-            return Request(handle, _wait, _test, keep=buf)
         finish = None
         if op == "avg":
             check_avg(buf)
