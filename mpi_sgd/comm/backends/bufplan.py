@@ -25,8 +25,6 @@ from mpi4py import MPI
 from ..base import check_op
 from . import mpitypes
 
-_fromaddress = MPI.buffer.fromaddress
-
 
 class _Plan:
     __slots__ = ("ref", "ptr", "nbytes", "spec", "dtype", "ops", "key", "mem", "where")
@@ -65,12 +63,9 @@ def plan(buf: torch.Tensor) -> _Plan | None:
     mpitype = mpitypes.datatype(buf.dtype)
     if mpitype is None or not buf.is_cpu or buf.requires_grad or not buf.is_contiguous():
         return None
-    key, ptr, nbytes = id(buf), buf.data_ptr(), buf.nbytes
+    key = id(buf)
     ref = weakref.ref(buf, lambda r, key=key: _forget(key, r))
-    # No count: mpi4py derives it from the byte length, and for the gathered side of
-    # gather/allgather (the scattered side of scatter) splits it over the ranks, as it does for
-    # arrays. An explicit count there would mean "per rank".
-    made = _plans[key] = _Plan(ref, ptr, nbytes, [_fromaddress(ptr, nbytes), mpitype], buf.dtype, buf.numel())
+    made = _plans[key] = _Plan(ref, buf.data_ptr(), buf.nbytes, mpitypes.buffer(buf), buf.dtype, buf.numel())
     return made
 
 

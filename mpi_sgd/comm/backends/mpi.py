@@ -33,7 +33,6 @@ from ..base import (
 from ..buffers import as_array
 from . import bufplan, mpitypes
 
-_fromaddress = MPI.buffer.fromaddress
 # Bound once: the all-reduce's hot path is short enough that module attribute lookups show.
 _Tensor, _IN_PLACE, _plan = torch.Tensor, MPI.IN_PLACE, bufplan.plan
 _NUMPY_OPS = {"sum": MPI.SUM, "avg": MPI.SUM, "min": MPI.MIN, "max": MPI.MAX, "prod": MPI.PROD}
@@ -52,7 +51,7 @@ def _spec(buf):
         mpitype = mpitypes.datatype(buf.dtype)
         if mpitype is not None and buf.is_cuda and gpu.cuda_aware() and not buf.requires_grad and buf.is_contiguous():
             gpu.sync(buf)
-            return [_fromaddress(buf.data_ptr(), buf.numel() * buf.element_size()), mpitype]
+            return mpitypes.buffer(buf)
     return as_array(buf)
 
 
@@ -181,9 +180,8 @@ class MPIComm(Communicator):
     def allreduce(self, buf, op="sum"):
         # A plain CPU tensor is decided with one look (its plan); the rest takes the general path.
         if type(buf) is _Tensor and (plan := _plan(buf)) is not None:
-            shm = self._shm  # _in_window(plan), inline: the seam's most frequent call
-            if shm is not None and plan.nbytes >= shm.min_bytes and (found := shm.takes(bufplan.lookup(plan, shm.mem))):
-                shm.allreduce(found, op)
+            if (found := self._in_window(plan)) is not None:
+                self._shm.allreduce(found, op)
                 return buf
             if op != "avg":
                 self.comm.Allreduce(_IN_PLACE, plan.spec, plan.ops.get(op) or bufplan.op_for(plan, op))

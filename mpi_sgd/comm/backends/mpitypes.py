@@ -130,8 +130,10 @@ def _user_op(op: str, dtype: torch.dtype) -> MPI.Op:
 
 
 def buffer(t: torch.Tensor, length: int | None = None) -> list:
-    """``[memory, MPI datatype]`` naming a contiguous CPU tensor's own memory (no copy, no checks):
-    its bytes, or ``length`` bytes from its start (several adjacent tensors as one)."""
+    """``[memory, MPI datatype]`` naming a contiguous tensor's own memory (no copy, no checks; CUDA
+    memory only for a CUDA-aware MPI): its bytes, or ``length`` bytes from its start (several
+    adjacent tensors as one). No count: mpi4py derives it from the byte length, and for the
+    gathered side of gather/allgather splits it over the ranks, as it does for arrays."""
     return [MPI.buffer.fromaddress(t.data_ptr(), nbytes(t) if length is None else length), datatype(t.dtype)]
 
 
