@@ -218,7 +218,7 @@ class Trainer:
             text += f"  val loss {row['val_loss']:.4f}" if val_n else ""
             text += f"  val accuracy {row['val_accuracy']:.3f}" if val_n and classification else ""
             text += f"  B_noise {row['b_noise']:.4g}" if row.get("b_noise") is not None else ""
-            print(f"{text}  ({row['seconds']:.1f} s)", flush=True)
+            print(f"{text}  ({row['seconds']:.2f} s)", flush=True)
 
     def _on_nonfinite(self, loss: float, step: int, flag, epoch: int | None = None) -> None:
         """Every rank is here for the same step (see :func:`train_step`; a late verdict's step is the

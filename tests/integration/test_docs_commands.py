@@ -110,8 +110,15 @@ def run(command: str, cwd: Path) -> subprocess.CompletedProcess:
     return _RUNS[key]
 
 
+_SERVED: set[tuple[str, str]] = set()
+
+
 def serves(command: str, url: str, cwd: Path) -> None:
-    """Start ``command``; it passes once ``url`` answers. Then it is stopped, with all it started."""
+    """Start ``command``; it passes once ``url`` answers. Then it is stopped, with all it started.
+    A command that three pages show (``make docs-serve``) is started once."""
+    key = (shlex.join(shlex.split(command, comments=True)), url)
+    if key in _SERVED:
+        return
     proc = subprocess.Popen(
         ["bash", "-c", command],
         cwd=cwd,
@@ -128,6 +135,7 @@ def serves(command: str, url: str, cwd: Path) -> None:
             try:
                 with urllib.request.urlopen(url, timeout=5) as answer:
                     assert answer.status == 200
+                    _SERVED.add(key)
                     return
             except OSError:
                 time.sleep(1)
