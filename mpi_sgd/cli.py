@@ -19,7 +19,7 @@ COMMANDS = {"bench": ".bench.cli", "doctor": ".cluster.doctor", "faults": ".faul
 
 
 def build_parser(only: str | None = None) -> ArgumentParser:
-    parser = ArgumentParser(prog="mpi-sgd", description=__doc__.splitlines()[0])
+    parser = ArgumentParser(prog="mpi-sgd", description=__doc__.splitlines()[0].replace("``", ""))
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, module in COMMANDS.items():
         if only in (None, name):
