@@ -99,9 +99,14 @@ def missing_need(command: str) -> str | None:
 _RUNS: dict[str, subprocess.CompletedProcess] = {}
 
 
+def same_command(command: str) -> str:
+    """``command`` as its words, comments dropped: two pages' spellings of one command agree."""
+    return shlex.join(shlex.split(command, comments=True))
+
+
 def run(command: str, cwd: Path) -> subprocess.CompletedProcess:
     """``command`` through bash, as typed; stdout and stderr together, as a terminal shows them."""
-    key = shlex.join(shlex.split(command, comments=True))
+    key = same_command(command)
     if key not in _RUNS:  # a command two pages show runs once
         as_typed = command.removeprefix("sudo ") if os.geteuid() == 0 else command
         _RUNS[key] = run_job(  # once more if the launcher failed to start (Open MPI's PMIx, seen in CI)
@@ -115,8 +120,8 @@ _SERVED: set[tuple[str, str]] = set()
 
 def serves(command: str, url: str, cwd: Path) -> None:
     """Start ``command``; it passes once ``url`` answers. Then it is stopped, with all it started.
-    A command that three pages show (``make docs-serve``) is started once."""
-    key = (shlex.join(shlex.split(command, comments=True)), url)
+    A command several pages show (``make docs-serve``) is started once."""
+    key = (same_command(command), url)
     if key in _SERVED:
         return
     proc = subprocess.Popen(
