@@ -203,12 +203,19 @@ def check_label_shape(y: torch.Tensor, path: str) -> None:
 
 def check_labels(y: torch.Tensor, path: str) -> None:
     """Class indices must be integers in [0, C), with C = max + 1 plausible: at most
-    :data:`MAX_CLASSES`, and at least half of the classes 0 .. C-1 present in the data."""
+    :data:`MAX_CLASSES`, and at least half of the classes 0 .. C-1 present in the data. A single
+    class is refused too: its cross-entropy is 0 whatever the model says, so every gradient is 0 and
+    a run would report accuracy 1.0 having learnt nothing (a wrong column saved as y, say)."""
     if not len(y):
         return
     low, high = int(y.min()), int(y.max())
     if low < 0:
         raise ValueError(f"data file {path!r}: integer y are class indices and must be >= 0, found {low}")
+    if low == high:
+        raise ValueError(
+            f"data file {path!r}: every y is class {low} ({len(y)} samples): nothing to learn; classification "
+            "needs two classes or more (float y means regression)"
+        )
     present = int(torch.unique(y).numel())
     if high + 1 > MAX_CLASSES or present < (high + 1) / 2:
         raise ValueError(

@@ -5,13 +5,17 @@ A checkpoint holds the model, optimizer, RNG, mixed-precision and learning-rate-
 resumed run may change (:data:`~mpi_sgd.checkpoint.trainer_state.RESUMABLE`: the rate, momentum
 and the schedule's flags) are taken from the command line where given there, with a notice that
 says what they replace, and from the checkpoint otherwise, so that a flag left at its default
-never silently undoes what the run was started with.
+never silently undoes what the run was started with. A checkpoint resumes only on the data it
+was trained on (:func:`check_same_data`).
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
+import operator
+import os
+from dataclasses import asdict, replace
 
+from .agree import fingerprint
 from .checkpoint import CheckpointError, Progress, resume, save_training
 from .checkpoint.trainer_state import settings_on_resume
 from .convergence import Convergence
@@ -21,7 +25,48 @@ def save(trainer, directory: str) -> None:
     """Checkpoint ``trainer`` (a :class:`~mpi_sgd.trainer.Trainer`) into ``directory``: a collective."""
     t = trainer
     progress = Progress(t.epoch, t.step_in_epoch, t.step, t.epoch_offset, t.comm.size, t.cfg.batch_size)
-    save_training(directory, t.comm, t.model, t.optimizer, t.amp, t.cfg, progress, t.conv.schedule)
+    save_training(directory, t.comm, t.model, t.optimizer, t.amp, t.cfg, progress, t.conv.schedule, data_identity(t))
+
+
+def data_identity(trainer) -> dict:
+    """What the run trains and scores on: the sample counts and a hash of every byte of both sets
+    (the same as the ranks compare at the start, :func:`mpi_sgd.agree.start_fields`), worked out on
+    the first save or resume and kept."""
+    t = trainer
+    if getattr(t, "_data_identity", None) is None:
+        held_out = () if t.val is None else (t.val.x, t.val.y)
+        digest = fingerprint(t.dataset.x, t.dataset.y, *held_out)
+        t._data_identity = {"train": len(t.dataset), "held_out": 0 if t.val is None else len(t.val), "digest": digest}
+    return t._data_identity
+
+
+# The flags that decide which samples a run trains and scores on, and in what form.
+DATA_FLAGS = ("dataset", "val_fraction", "seed", "dtype")
+
+
+def check_same_data(saved: dict | None, config: dict, trainer, path: str) -> None:
+    """Refuse, in one line on every rank alike, to resume on other data than the checkpoint's: its
+    epoch and step index the samples it was trained on, so going on over others would mix two
+    datasets with no word. Another file of the same shape, another held-out split (``--val-fraction``,
+    ``--seed``) or a file changed since all count. Checkpoints from before the data was recorded
+    pass unchecked."""
+    here = data_identity(trainer)
+    if not saved or saved.get("digest") in (None, here["digest"]):
+        return
+    now = asdict(trainer.cfg)
+    # A file named another way (./a.npz, a.npz) is no difference to name; its hash tells.
+    same = {"dataset": lambda a, b: os.path.basename(os.path.normpath(a)) == os.path.basename(os.path.normpath(b))}
+    flags = [f for f in DATA_FLAGS if f in config and not same.get(f, operator.eq)(config[f], now[f])]
+    why = "; ".join(f"--{f.replace('_', '-')} {config[f]}, here {now[f]}" for f in flags)
+
+    def sets(d):
+        return f"{d['train']} training and {d['held_out']} held-out samples, hash {d['digest']}"
+
+    raise CheckpointError(
+        f"checkpoint {path!r} was trained on other data ({sets(saved)}) than this run's ({sets(here)}): "
+        + (f"it was made with {why}" if why else "the data file's contents differ from when it was made")
+        + "; resume on the data it was trained with, or start afresh in another --checkpoint directory"
+    )
 
 
 def load(trainer, path: str, auto: bool | str = False, given=frozenset()) -> str | None:
@@ -32,13 +77,15 @@ def load(trainer, path: str, auto: bool | str = False, given=frozenset()) -> str
 
     Returns the checkpoint used. Raises :class:`~mpi_sgd.checkpoint.CheckpointError`, on every
     rank alike, for one that cannot be read or fails its checksum, one written for another
-    model or optimizer, and one that leaves nothing to train within ``--epochs``/``--max-steps``.
+    model or optimizer, one trained on other data (:func:`check_same_data`), and one that leaves
+    nothing to train within ``--epochs``/``--max-steps``.
     """
     t = trainer
     found = resume(path, t.comm, t.model, t.optimizer, t.amp, t.cfg, auto)
     if found is None:
         return None
     path, was, saved = found
+    check_same_data(saved.get("data"), saved["config"], t, path)
     _settings(t, saved, given)
     n, size, batch = len(t.dataset), t.comm.size, t.cfg.batch_size
     at = carry_on(was, n, size, batch)

@@ -44,12 +44,15 @@ class Progress:
         return self.offset + self.step_in_epoch * self.world_size * self.batch_size
 
 
-def save_training(directory: str, comm, model, optimizer, amp, cfg, progress: Progress, schedule=None) -> None:
+def save_training(
+    directory: str, comm, model, optimizer, amp, cfg, progress: Progress, schedule=None, data: dict | None = None
+) -> None:
     """Checkpoint the run into ``directory`` (``--checkpoint``), keeping ``cfg.keep_checkpoints``.
 
     A collective: every rank sends its RNG state to the root (dropout masks differ per rank, so a
     resume is bit-exact only with all of them), and a sharded optimizer gathers its shards; then
-    the root writes. ``schedule`` (an :class:`~mpi_sgd.lrschedule.LRSchedule`) is saved with them.
+    the root writes. ``schedule`` (an :class:`~mpi_sgd.lrschedule.LRSchedule`) is saved with them,
+    and ``data`` (what the run trained on: :func:`mpi_sgd.resumption.data_identity`) in the metadata.
     """
     mine = torch.get_rng_state()
     rng = torch.zeros(comm.size, mine.numel(), dtype=torch.uint8) if comm.is_root else None
@@ -58,12 +61,12 @@ def save_training(directory: str, comm, model, optimizer, amp, cfg, progress: Pr
     model_state, optimizer_state = full_state() if full_state else (model.state_dict(), optimizer.state_dict())
     write = None
     if comm.is_root:
-        write = _writer(directory, comm, model_state, optimizer_state, rng, amp, cfg, progress, schedule)
+        write = _writer(directory, comm, model_state, optimizer_state, rng, amp, cfg, progress, schedule, data)
     what = f"saving step {progress.step} to {directory!r}"
     deadline.run(comm, write or (lambda: None), what, getattr(cfg, "save_timeout", 0.0))
 
 
-def _writer(directory: str, comm, model_state, optimizer_state, rng, amp, cfg, progress: Progress, schedule):
+def _writer(directory: str, comm, model_state, optimizer_state, rng, amp, cfg, progress: Progress, schedule, data):
     """The root's save, to run off the main thread (:mod:`.deadline`); None to save nothing."""
     # The parameters are the same on every rank; a non-finite state must never replace the last
     # good checkpoint (training stops before one, unless the optimizer itself overflowed).
@@ -88,6 +91,7 @@ def _writer(directory: str, comm, model_state, optimizer_state, rng, amp, cfg, p
         "schedule": schedule.state_dict() if schedule is not None else None,
     }
     meta = {"step": progress.step, "epoch": progress.epoch, "world_size": comm.size, "config": asdict(cfg)}
+    meta["data"] = data
     return lambda: save(serialize(state), meta, directory, progress.step, cfg.keep_checkpoints)
 
 
@@ -139,7 +143,8 @@ def resume(path: str, comm, model, optimizer, amp, cfg, auto: bool | str = False
         torch.manual_seed(cfg.seed + comm.rank + 1_000_003 * progress.step)
     # a checkpoint from before schedules: the rules restart at its step
     schedule = state.get("schedule") or {"step": progress.step, "tau": float(progress.step)}
-    return path, progress, {"config": (meta or {}).get("config") or {}, "schedule": schedule}
+    meta = meta or {}
+    return path, progress, {"config": meta.get("config") or {}, "schedule": schedule, "data": meta.get("data")}
 
 
 def restore(state, model, optimizer, path: str, meta: dict | None = None, config: dict | None = None) -> None:

@@ -64,7 +64,7 @@ def bad_inputs(tmp_path):
     rng = np.random.default_rng(0)
     x, labels = rng.standard_normal((200, 4)).astype(np.float32), np.arange(200) % 3
     np.savez(tmp_path / "nox.npz", y=np.zeros(4))
-    np.savez(tmp_path / "tiny.npz", x=np.zeros((10, 4), np.float32), y=np.zeros(10, np.int64))
+    np.savez(tmp_path / "tiny.npz", x=np.zeros((10, 4), np.float32), y=np.arange(10) % 2)
     np.savez(tmp_path / "nan.npz", x=np.where(np.arange(800).reshape(200, 4) == 9, np.nan, x), y=labels)
     np.savez(tmp_path / "label.npz", x=x, y=np.where(np.arange(200) == 7, 100000, labels))
     (tmp_path / "file").write_text("")

@@ -170,7 +170,7 @@ def test_resume_at_another_world_size_and_stage(comm):
     if sub != MPI.COMM_NULL:
         small = MPIComm(sub)
         cfg = train_config(optimizer="adam", lr=0.01, max_steps=STEPS)
-        ds = regression_set(small.size)
+        ds = regression_set(comm.size)  # the data the checkpoint was trained on (a resume refuses other data)
         results = {}
         for stage in (0, 1, 2):
             trainer = build(small, cfg, ds, stage)

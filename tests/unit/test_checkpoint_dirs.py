@@ -18,9 +18,9 @@ from mpi_sgd.models import build_model
 from mpi_sgd.trainer import Trainer, make_optimizer
 
 
-def trainer(**kw) -> Trainer:
+def trainer(ds: data.Dataset | None = None, **kw) -> Trainer:
     cfg = TrainConfig(**{"model": "ffnet", "dataset": "toy", "epochs": 2, "progress": False, **kw})
-    ds = data.toy_regression(num_samples=64, input_size=4)
+    ds = data.toy_regression(num_samples=64, input_size=4) if ds is None else ds
     torch.manual_seed(0)
     model = build_model(cfg.model, (4,), 1)
     comm = LocalComm()
@@ -183,3 +183,27 @@ def test_what_a_command_line_gave_is_told_from_defaults():
     parser = ArgumentParser()
     parser.add_flags(TrainConfig)
     assert parser.given(["--lr=0.1", "--epochs", "3", "--no-progress"]) == {"lr", "epochs", "progress"}
+
+
+def test_a_checkpoint_resumes_only_on_the_data_it_was_trained_on(tmp_path):
+    d = str(tmp_path / "ck")
+    trainer(checkpoint=d, epochs=1).train()
+    assert trainer(epochs=2).load_checkpoint(d)  # the same samples: it goes on
+    # the same shapes, other samples: resuming would carry the epoch on over them
+    other = data.toy_regression(num_samples=64, input_size=4, seed=5)
+    with pytest.raises(CheckpointError) as e:
+        trainer(other, epochs=2).load_checkpoint(d)
+    text = one_line(e)
+    assert "was trained on other data (64 training and 0 held-out samples, hash " in text
+    assert "the data file's contents differ from when it was made" in text
+    with pytest.raises(CheckpointError) as e:
+        trainer(other, epochs=2, dataset="mine.npz").load_checkpoint(d)
+    assert "it was made with --dataset toy, here mine.npz" in one_line(e)
+    # a checkpoint written before the data was recorded resumes unchecked, as it always did
+    for step in os.listdir(d):
+        if step.startswith("step-"):
+            meta_path = os.path.join(d, step, "meta.json")
+            meta = json.loads(open(meta_path).read())
+            del meta["data"]
+            open(meta_path, "w").write(json.dumps(meta))
+    assert trainer(other, epochs=2).load_checkpoint(d)

@@ -214,8 +214,10 @@ x10 = np.zeros((10, 3), np.float32)
         ({"x": x10, "y": np.array([0, 1] * 4 + [1, 100000])}, "the largest, 100000, would make C = 100001"),
         ({"x": x10, "y": np.array([0, 1] * 4 + [1, 7])}, "only 3 occur; renumber the labels 0 .. 2"),
         ({"x": x10, "y": np.array([0, 1] * 4 + [1, -1])}, "must be >= 0, found -1"),
+        ({"x": x10, "y": np.zeros(10, np.int64)}, "every y is class 0 (10 samples): nothing to learn"),
+        ({"x": x10, "y": np.full(10, 3)}, "every y is class 3 (10 samples)"),  # not "renumber 0 .. 0"
         (
-            {"x": np.where(np.arange(30).reshape(10, 3) == 17, np.nan, x10), "y": np.zeros(10, np.int64)},
+            {"x": np.where(np.arange(30).reshape(10, 3) == 17, np.nan, x10), "y": np.arange(10) % 2},
             "x holds inf or nan in 1 sample(s), the first at index 5",
         ),
         ({"x": x10, "y": np.array([0.5] * 9 + [np.inf])}, "y holds inf or nan"),
