@@ -40,6 +40,7 @@ cfg = parser.parse_flags(TrainConfig)  # every field of TrainConfig is a flag
 # every rank: each exits with status 2 and no rank waits for another in a collective.
 world = placement()
 try:
+    cfg.check_given(parser.given())
     cfg.check_machine(world.size)
     train, val = data.prepare(cfg.dataset, cfg.seed, cfg.val_fraction)  # val: held out, same on every rank
     data.check_size(len(train), world.size, cfg.batch_size)

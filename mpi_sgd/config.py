@@ -151,8 +151,9 @@ class TrainConfig:
         check(self.compress in compress, f"unknown --compress {self.compress!r}; choose one of {', '.join(compress)}")
         check(self.epochs >= 1, f"--epochs must be at least 1, got {self.epochs}")
         check(self.batch_size >= 1, f"--batch-size must be at least 1, got {self.batch_size}")
+        check(self.grad_accum >= 1, f"--grad-accum must be at least 1, got {self.grad_accum}")
         check(
-            self.grad_accum >= 1 and self.batch_size % self.grad_accum == 0,
+            self.batch_size % self.grad_accum == 0,
             f"--grad-accum must divide --batch-size ({self.batch_size}), got {self.grad_accum}",
         )
         check(math.isfinite(self.lr) and self.lr > 0, f"--lr must be positive and finite, got {self.lr}")
@@ -237,6 +238,16 @@ class TrainConfig:
             value = getattr(self, name)
             if value is not None and not math.isfinite(value):
                 raise ValueError(f"--{name.replace('_', '-')} must be a finite number, got {value}")
+
+    def check_given(self, given) -> None:
+        """Raise ValueError if a flag the command line gave (``given``, the names
+        :meth:`mpi_sgd.args.ArgumentParser.given` returns) would be ignored by this configuration:
+        a flag typed and silently dropped is a run the user did not ask for."""
+        if self.zero and "strategy" in given:
+            raise ValueError(
+                f"--strategy {self.strategy} has no effect with --zero {self.zero}, which reduces gradients "
+                "in its own units; give one of the two"
+            )
 
     def check_machine(self, world_size: int) -> None:
         """Raise ValueError if this machine cannot run the configuration: its device or backend.

@@ -33,6 +33,18 @@ def test_cuda_device_without_a_gpu():
     assert one_line(e).startswith("--device cuda: ") and "--device cpu" in str(e.value)
 
 
+def test_a_flag_the_configuration_would_ignore_is_refused():
+    with pytest.raises(ValueError) as e:
+        TrainConfig(zero=3, strategy="naive").check_given({"zero", "strategy"})
+    assert one_line(e) == (
+        "--strategy naive has no effect with --zero 3, which reduces gradients in its own units; give one of the two"
+    )
+    TrainConfig(zero=3).check_given({"zero"})  # the default strategy, not typed: nothing dropped
+    TrainConfig(strategy="naive").check_given({"strategy"})
+    with pytest.raises(ValueError, match="--grad-accum must be at least 1, got 0"):
+        TrainConfig(grad_accum=0)
+
+
 def test_unknown_device_and_local_backend_in_a_job():
     with pytest.raises(ValueError, match="unknown --device 'gpu'"):
         TrainConfig(device="gpu").check_machine(1)
