@@ -49,7 +49,8 @@ def fingerprint(*tensors: torch.Tensor | None) -> str:
             continue
         t = t.detach().to("cpu").contiguous()
         h.update(f"{tuple(t.shape)}{t.dtype}".encode())
-        h.update(t.view(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+        # the bytes read in place (numpy's buffer), not copied out: a dataset can be gigabytes
+        h.update(t.view(-1).view(torch.uint8).numpy() if t.numel() else b"")
     return h.hexdigest()
 
 
