@@ -140,11 +140,13 @@ def from_file(path: str) -> Dataset:
                 arrays = {k: _numeric(f[k], k, path) for k in ("x", "y") if k in f.files}
         elif path.endswith(".pt"):
             obj = torch.load(path, weights_only=True)
-            arrays = {k: torch.as_tensor(obj[k]) for k in ("x", "y") if k in obj} if isinstance(obj, dict) else {}
+            found = {k: obj[k] for k in ("x", "y") if k in obj} if isinstance(obj, dict) else {}
+            # detached: data saved from a graph (requires_grad) would make every step backward into it
+            arrays = {k: _numeric_tensor(torch.as_tensor(v).detach(), k, path) for k, v in found.items()}
         else:
             raise ValueError(f"data file {path!r} must end in .npz or .pt")
     except (OSError, ValueError, RuntimeError, TypeError, EOFError, zipfile.BadZipFile, pickle.UnpicklingError) as e:
-        if "must end in" in str(e) or "must be numbers" in str(e):
+        if "must end in" in str(e) or "must be numbers" in str(e) or "must be real numbers" in str(e):
             raise
         # an empty or truncated file among them: one line, not a traceback per rank
         raise ValueError(f"cannot read data file {path!r} (empty, truncated or not this format): {e}") from None
@@ -152,6 +154,8 @@ def from_file(path: str) -> Dataset:
     if missing:
         raise ValueError(f"data file {path!r} has no array named {' or '.join(missing)}; it needs 'x' and 'y'")
     x, y = arrays["x"], arrays["y"]
+    if not len(x):
+        raise ValueError(f"data file {path!r} holds no samples (x is empty)")
     if x.ndim == 1:  # one feature per sample
         x = x.reshape(-1, 1)
     if x.shape[0] != y.shape[0]:
@@ -176,6 +180,14 @@ def _numeric(array: np.ndarray, name: str, path: str) -> torch.Tensor:
     if array.dtype.kind not in "biuf":
         raise ValueError(f"data file {path!r}: {name} must be numbers, but its dtype is {array.dtype}")
     return torch.from_numpy(array)
+
+
+def _numeric_tensor(t: torch.Tensor, name: str, path: str) -> torch.Tensor:
+    """:func:`_numeric` for a tensor from a ``.pt`` file: complex values would lose their imaginary
+    part when made float, so they are refused as numpy's are."""
+    if t.is_complex() or t.is_quantized:
+        raise ValueError(f"data file {path!r}: {name} must be real numbers, but its dtype is {t.dtype}")
+    return t
 
 
 # More classes than this, or than half again the labels that occur, is a typo, not a task: one stray

@@ -229,6 +229,20 @@ def test_bad_data_is_refused_at_load_with_one_line(tmp_path, arrays, message):
     assert message in str(e.value) and "\n" not in str(e.value)
 
 
+def test_a_pt_files_tensors_are_real_numbers_and_data_not_a_graph(tmp_path):
+    path = str(tmp_path / "d.pt")
+    y = torch.arange(10) % 2
+    torch.save({"x": torch.randn(10, 3, dtype=torch.complex64), "y": y}, path)
+    with pytest.raises(ValueError, match=r"x must be real numbers, but its dtype is torch.complex64$"):
+        data.load(path)  # made float, complex values would lose their imaginary part
+    torch.save({"x": torch.randn(0, 3), "y": y[:0]}, path)
+    with pytest.raises(ValueError, match=r"holds no samples \(x is empty\)$"):
+        data.load(path)
+    torch.save({"x": torch.randn(10, 3, requires_grad=True), "y": y}, path)  # saved from a graph
+    ds = data.load(path)
+    assert not ds.x.requires_grad and ds.x.grad_fn is None  # else every step backwards into it
+
+
 def test_plausible_labels_pass():
     y = torch.tensor([0, 2, 3, 2, 0])  # class 1 absent: 3 of 4 classes occur, fine
     data.check_labels(y, "f.npz")
