@@ -67,8 +67,13 @@ def start_fields(cfg, dataset, val) -> dict[str, str]:
     """What must be the same on every rank, as strings: every flag and the data."""
     fields = {f"--{k.replace('_', '-')}": repr(v) for k, v in asdict(cfg).items() if k not in LOCAL_FIELDS}
     fields["--device"] = repr(torch.device(cfg.device).type)  # cuda:0 and cuda:1 are both fine
-    fields["data"] = fingerprint(dataset.x, dataset.y, *(() if val is None else (val.x, val.y)))
+    fields["data"] = data_fingerprint(dataset, val)
     return fields
+
+
+def data_fingerprint(dataset, val=None) -> str:
+    """:func:`fingerprint` of a run's training and held-out sets (``val`` None: none held out)."""
+    return fingerprint(dataset.x, dataset.y, *(() if val is None else (val.x, val.y)))
 
 
 def compare(everyone: list[dict[str, str]]) -> list[str]:

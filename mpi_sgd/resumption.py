@@ -11,11 +11,10 @@ was trained on (:func:`check_same_data`).
 
 from __future__ import annotations
 
-import operator
 import os
 from dataclasses import asdict, replace
 
-from .agree import fingerprint
+from .agree import data_fingerprint
 from .checkpoint import CheckpointError, Progress, resume, save_training
 from .checkpoint.trainer_state import settings_on_resume
 from .convergence import Convergence
@@ -30,13 +29,12 @@ def save(trainer, directory: str) -> None:
 
 def data_identity(trainer) -> dict:
     """What the run trains and scores on: the sample counts and a hash of every byte of both sets
-    (the same as the ranks compare at the start, :func:`mpi_sgd.agree.start_fields`), worked out on
-    the first save or resume and kept."""
+    (the hash the ranks compare at the start, :func:`mpi_sgd.agree.start_fields`; worked out again
+    here, once per run, on the first save or resume, and kept)."""
     t = trainer
     if getattr(t, "_data_identity", None) is None:
-        held_out = () if t.val is None else (t.val.x, t.val.y)
-        digest = fingerprint(t.dataset.x, t.dataset.y, *held_out)
-        t._data_identity = {"train": len(t.dataset), "held_out": 0 if t.val is None else len(t.val), "digest": digest}
+        held_out = 0 if t.val is None else len(t.val)
+        t._data_identity = {"train": len(t.dataset), "held_out": held_out, "digest": data_fingerprint(t.dataset, t.val)}
     return t._data_identity
 
 
@@ -54,9 +52,11 @@ def check_same_data(saved: dict | None, config: dict, trainer, path: str) -> Non
     if not saved or saved.get("digest") in (None, here["digest"]):
         return
     now = asdict(trainer.cfg)
-    # A file named another way (./a.npz, a.npz) is no difference to name; its hash tells.
-    same = {"dataset": lambda a, b: os.path.basename(os.path.normpath(a)) == os.path.basename(os.path.normpath(b))}
-    flags = [f for f in DATA_FLAGS if f in config and not same.get(f, operator.eq)(config[f], now[f])]
+
+    def named(flag, value):  # a file named another way (./a.npz, a.npz) is no difference to name
+        return os.path.basename(os.path.normpath(value)) if flag == "dataset" else value
+
+    flags = [f for f in DATA_FLAGS if f in config and named(f, config[f]) != named(f, now[f])]
     why = "; ".join(f"--{f.replace('_', '-')} {config[f]}, here {now[f]}" for f in flags)
 
     def sets(d):
