@@ -114,7 +114,10 @@ network_given = args.alpha is not None or args.network
 calib = None
 if args.calibrate:  # as one process, α and β are measured by an mpiexec -n 2 job it starts
     need_network = args.t_sync is None and not network_given
-    calib = run_calibration(args.save, args.max_bytes, args.layers, args.batch_size, args.algorithm, need_network)
+    try:
+        calib = run_calibration(args.save, args.max_bytes, args.layers, args.batch_size, args.algorithm, need_network)
+    except ValueError as e:  # a measurement the fit refused, said in one line
+        parser.fail(f"calibration: {e}")
     if calib is None:
         sys.exit(0)  # not the root: the model is arithmetic, one rank prints it
     print(

@@ -272,6 +272,7 @@ class JobFailed(RuntimeError):
     def __init__(self, cmd: list[str], returncode: int, output: str):
         super().__init__(f"{' '.join(cmd)} failed (exit {returncode}):\n{output}")
         self.returncode = returncode
+        self.output = output
 
 
 def run_job(ranks: int, *argv: str, env: dict[str, str] | None = None, echo: bool = False) -> None:

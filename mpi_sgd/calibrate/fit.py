@@ -14,6 +14,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..perfmodel import Network, allreduce_coefficients
+from ..report import human_bytes
 from .records import SweepPoint
 
 
@@ -76,6 +77,14 @@ def fit_network(points: Sequence[SweepPoint], gamma: float | None = None, name: 
         rest = t[~large] - a[~large, 1:] @ x[1:]
         x[0] = max(0.0, float(np.median(rest / a[~large, 0])))
     alpha, beta = float(x[0]), float(x[1])
+    if beta <= 0:
+        # Every real link costs time per byte. A β of 0 means the sweep's largest messages were too
+        # small to show it above the noise (a loaded machine, a short sweep), and a network saved
+        # with it would price any model's gradients at α alone.
+        raise ValueError(
+            f"the all-reduces up to {human_bytes(int(nbytes.max()))} showed no cost per byte above the noise "
+            "(β fitted to 0): sweep larger sizes (--max-bytes, 16 MiB by default) or measure on a quieter machine"
+        )
     return Network(alpha, beta, float(x[2]) if gamma is None else gamma, name)
 
 

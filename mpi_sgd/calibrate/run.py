@@ -29,7 +29,7 @@ def run_calibration(
     ``mpiexec -n spawn_ranks python -m mpi_sgd.calibrate`` and reads back what that job saved;
     as one process that needs only T_comp (the network comes from elsewhere), it measures here.
     """
-    from ..launch import placement, run_job
+    from ..launch import JobFailed, placement, run_job
 
     if placement().size == 1 and need_network:
         import tempfile
@@ -37,7 +37,13 @@ def run_calibration(
         out = Path(save) if save else Path(tempfile.mkdtemp()) / "calibration.json"
         layers_flag = ["--layers", ",".join(map(str, layers))] if layers else []
         flags = ["--max-bytes", str(max_bytes), *layers_flag, "--batch-size", str(batch_size), "--strategy", strategy]
-        run_job(spawn_ranks, "-m", "mpi_sgd.calibrate", "--save", str(out), *flags, "--algorithm", algorithm)
+        try:
+            run_job(spawn_ranks, "-m", "mpi_sgd.calibrate", "--save", str(out), *flags, "--algorithm", algorithm)
+        except JobFailed as e:
+            refused = [line for line in e.output.splitlines() if "mpi_sgd.calibrate: error: " in line]
+            if e.returncode == 2 and refused:  # the job's own one line (see main), not a crash
+                raise ValueError(refused[-1].split(": error: ", 1)[1]) from None
+            raise
         return Calibration.load(out)
     from ..comm import init
 
@@ -70,16 +76,20 @@ class Flags:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``mpiexec -n 2 python -m mpi_sgd.calibrate --save FILE``: measure, and the root saves."""
-    args = ArgumentParser(prog="python -m mpi_sgd.calibrate", description=main.__doc__).parse_flags(Flags, argv)
-    cal = run_calibration(
-        args.save,
-        args.max_bytes,
-        args.layers,
-        args.batch_size,
-        args.algorithm,
-        need_network=False,
-        strategy=args.strategy,
-    )
+    parser = ArgumentParser(prog="python -m mpi_sgd.calibrate", description=main.__doc__)
+    args = parser.parse_flags(Flags, argv)
+    try:
+        cal = run_calibration(
+            args.save,
+            args.max_bytes,
+            args.layers,
+            args.batch_size,
+            args.algorithm,
+            need_network=False,
+            strategy=args.strategy,
+        )
+    except ValueError as e:  # a sweep the fit cannot use: every rank fitted the same points and agrees
+        parser.fail(str(e))
     if cal is not None:
         print(f"{cal.meta['ranks']} rank(s): T_comp {cal.step.seconds * 1e3:.3f} ms; {cal.network.describe()}")
     return 0

@@ -73,6 +73,21 @@ def test_fitted_values_are_never_negative():
     assert net.alpha >= 0 and net.beta > 0
 
 
+def _sweep_64k(times_us):
+    seconds = [t * 1e-6 for t in times_us]
+    return [SweepPoint(n, 2, t, t, t) for n, t in zip(sweep_sizes(4, 64 << 10), seconds, strict=True)]
+
+
+def test_a_sweep_without_a_cost_per_byte_is_refused():
+    # A short sweep on a loaded machine: the largest all-reduces took no longer than the small ones.
+    # β would fit to 0, and a network saved with it prices every model's gradients at α alone.
+    flat = _sweep_64k([9.6, 10.8, 11.1, 10.8, 10.6, 11.8, 12.0, 11.0])  # µs at 4 B .. 64 KiB
+    with pytest.raises(ValueError, match=r"up to 64 KiB showed no cost per byte"):
+        fit_network(flat, gamma=1.1e-10)
+    quiet = _sweep_64k([9.6, 10.8, 11.1, 10.8, 10.6, 11.8, 18.2, 26.7])  # the same sweep measured here, quiet
+    assert fit_network(quiet, gamma=1.1e-10).beta > 0
+
+
 def test_fit_needs_real_timings():
     with pytest.raises(ValueError):
         fit_network([SweepPoint(4, 2, 1e-6, 1e-6, 1e-6)])
