@@ -11,7 +11,7 @@ from .conftest import run_cli, widest_line
 
 def test_validate_tiny(tmp_path):
     out = run_cli(
-        *("bench", "validate", "--batches", "4", "--ranks", "1,2", "--max-steps", "12", "--max-bytes", "64KiB"),
+        *("bench", "validate", "--batches", "4", "--ranks", "1,2", "--max-steps", "12", "--max-bytes", "1MiB"),
         *("--repeats", "1", "--out-dir", str(tmp_path)),
     )
     # Exit 1 is the benchmark's verdict that the model called the wrong side of break-even; at 12
