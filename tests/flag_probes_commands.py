@@ -188,6 +188,7 @@ PROBES["python -m mpi_sgd.calibrate"] = Entry(
         "--batch-size": probe("--batch-size 8", at(RUN_CALIBRATION, "batch_size", 8)),
         "--algorithm": probe("--algorithm rabenseifner", at(RUN_CALIBRATION, "algorithm", "rabenseifner")),
         "--strategy": probe("--strategy bucketed", at(RUN_CALIBRATION, "strategy", "bucketed")),
+        "--t-comp-only": probe("--t-comp-only", at(RUN_CALIBRATION, "t_comp_only", True)),
     },
 )
 VALIDATE_WRITE = "mpi_sgd.bench.validate.write_json"

@@ -109,9 +109,8 @@ def calibrate(batch: int, ranks: int, args, layers=BENCHMARK_MLP):
     from ..calibrate import Calibration
 
     path = Path(args.out_dir) / f"calibration-b{batch}-n{ranks}-{'x'.join(map(str, layers))}.json"
-    # The network comes from the 2-rank job only; elsewhere the smallest sweep (two sizes, as the fit
-    # needs) keeps the job short.
-    sweep = args.max_bytes if ranks == 2 else 16
+    # The network comes from the 2-rank job only; the others time T_comp at their R and sweep nothing.
+    sweep = ["--max-bytes", str(args.max_bytes)] if ranks == 2 else ["--t-comp-only"]
     widths = ",".join(map(str, layers))  # by default what --model mlp builds for blobs
     _run(
         ranks,
@@ -124,8 +123,7 @@ def calibrate(batch: int, ranks: int, args, layers=BENCHMARK_MLP):
         widths,
         "--batch-size",
         str(batch),
-        "--max-bytes",
-        str(sweep),
+        *sweep,
         "--strategy",
         "flat",
     )

@@ -107,10 +107,12 @@ def calibrate(
     batch: int = 64,
     algorithm: str = "ring",
     strategy: str = "flat",
+    measure_network: bool = True,
 ) -> Calibration:
     """Measure T_comp on every rank (the slowest sets the pace) and, at two or more ranks, α, β, γ.
 
-    Collective: every rank must call it. At one rank only T_comp and γ are measured, and the
+    Collective: every rank must call it. At one rank, or with ``measure_network=False`` (T_comp at this
+    R, the network taken from a calibration at another), only T_comp and γ are measured, and the
     network is left at zero cost; the caller decides what to do about that. ``layers`` are the
     widths of the MLP whose step is timed (``--model mlp``'s by default).
     """
@@ -129,8 +131,8 @@ def calibrate(
     gammas = comm.allgather_obj(measure_gamma())
     gamma = sum(gammas) / len(gammas)
     sweep: list[SweepPoint] = []
-    network = Network(0.0, 0.0, gamma, "one rank: nothing measured")
-    if comm.size > 1:
+    network = Network(0.0, 0.0, gamma, "one rank: nothing measured" if comm.size == 1 else "not measured")
+    if comm.size > 1 and measure_network:
         sweep = measure_allreduce(comm, sizes or sweep_sizes(), algorithm=algorithm)
         network = fit_network(sweep, gamma=gamma, name=f"measured, {comm.size} ranks, {comm.backend}")
     meta = {

@@ -22,6 +22,7 @@ def run_calibration(
     need_network: bool = True,
     spawn_ranks: int = 2,
     strategy: str = "flat",
+    t_comp_only: bool = False,
 ) -> Calibration | None:
     """Calibrate from wherever this is called; the root gets the result, other ranks ``None``.
 
@@ -48,7 +49,7 @@ def run_calibration(
     from ..comm import init
 
     comm = init("mpi4py")
-    cal = calibrate(comm, sweep_sizes(max_bytes=max_bytes), layers, batch_size, algorithm, strategy)
+    cal = calibrate(comm, sweep_sizes(max_bytes=max_bytes), layers, batch_size, algorithm, strategy, not t_comp_only)
     if not comm.is_root:
         return None
     if save:
@@ -66,6 +67,7 @@ class Flags:
     strategy: str = flag(
         "flat", "gradient layout T_comp is timed with, as sync_sgd's --strategy: naive, flat, bucketed"
     )
+    t_comp_only: bool = flag(False, "T_comp and γ only, no all-reduce sweep (the network from another calibration)")
 
     def __post_init__(self):
         from ..gradsync import STRATEGIES  # torch: imported by a calibration, not by whoever imports this module
@@ -87,6 +89,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.algorithm,
             need_network=False,
             strategy=args.strategy,
+            t_comp_only=args.t_comp_only,
         )
     except ValueError as e:  # a sweep the fit cannot use: every rank fitted the same points and agrees
         parser.fail(str(e))

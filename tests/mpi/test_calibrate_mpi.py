@@ -34,3 +34,11 @@ def test_calibrate_is_collective_and_consistent(world):
     assert len(cal.sweep) == (2 if world.size > 1 else 0)
     mine = (cal.network, cal.step.seconds)
     assert world.allgather_obj(mine) == [mine] * world.size
+
+
+@pytest.mark.mpi
+def test_t_comp_only_sweeps_nothing(world):
+    # What bench validate and goodput ask of R other than 2: the network comes from the R = 2 job.
+    cal = calibrate(world, layers=(8, 16, 4), batch=4, measure_network=False)
+    assert cal.sweep == () and cal.network.alpha == cal.network.beta == 0
+    assert cal.step.seconds > 0 and cal.network.gamma > 0
