@@ -32,7 +32,7 @@ from mpi_sgd.args import (
     positive_int,
     rank_list,
 )
-from mpi_sgd.calibrate import Calibration, run_calibration
+from mpi_sgd.calibrate import Calibration, SweepRefused, run_calibration
 from mpi_sgd.report import markdown_table
 
 MAX_BYTES = 16 << 20  # the calibration's largest all-reduce, above the MLP's 7.5 MB of gradients
@@ -116,7 +116,7 @@ if args.calibrate:  # as one process, α and β are measured by an mpiexec -n 2 
     need_network = args.t_sync is None and not network_given
     try:
         calib = run_calibration(args.save, args.max_bytes, args.layers, args.batch_size, args.algorithm, need_network)
-    except ValueError as e:  # a measurement the fit refused, said in one line
+    except SweepRefused as e:  # a measurement the fit refused, said in one line
         parser.fail(f"calibration: {e}")
     if calib is None:
         sys.exit(0)  # not the root: the model is arithmetic, one rank prints it

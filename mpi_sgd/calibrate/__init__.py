@@ -17,7 +17,7 @@
 process it starts ``mpiexec -n 2 python -m mpi_sgd.calibrate`` and reads back what that saved.
 """
 
-from .fit import fit_line, fit_network
+from .fit import SweepRefused, fit_line, fit_network
 from .measure import calibrate, measure_allreduce, measure_gamma, measure_step, sweep_sizes
 from .records import Calibration, StepTiming, SweepPoint
 from .run import main, run_calibration
@@ -26,6 +26,7 @@ __all__ = [
     "Calibration",
     "StepTiming",
     "SweepPoint",
+    "SweepRefused",
     "calibrate",
     "fit_line",
     "fit_network",

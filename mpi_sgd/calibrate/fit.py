@@ -18,6 +18,10 @@ from ..report import human_bytes
 from .records import SweepPoint
 
 
+class SweepRefused(ValueError):
+    """The sweep's timings cannot give a network worth saving; the message says what to change."""
+
+
 def _nonneg_lstsq(a: np.ndarray, t: np.ndarray) -> np.ndarray:
     """min ||a·x − t|| with x >= 0, by dropping negative components and refitting (3 unknowns at most).
 
@@ -81,7 +85,7 @@ def fit_network(points: Sequence[SweepPoint], gamma: float | None = None, name: 
         # Every real link costs time per byte. A β of 0 means the sweep's largest messages were too
         # small to show it above the noise (a loaded machine, a short sweep), and a network saved
         # with it would price any model's gradients at α alone.
-        raise ValueError(
+        raise SweepRefused(
             f"the all-reduces up to {human_bytes(int(nbytes.max()))} showed no cost per byte above the noise "
             "(β fitted to 0): sweep larger sizes (--max-bytes, 16 MiB by default) or measure on a quieter machine"
         )

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from ..args import ArgumentParser, flag, layer_widths, nbytes, positive_int
 from ..perfmodel import ALLREDUCE_ALGORITHMS
+from .fit import SweepRefused
 from .measure import calibrate, sweep_sizes
 from .records import Calibration
 
@@ -43,7 +44,7 @@ def run_calibration(
         except JobFailed as e:
             refused = [line for line in e.output.splitlines() if "mpi_sgd.calibrate: error: " in line]
             if e.returncode == 2 and refused:  # the job's own one line (see main), not a crash
-                raise ValueError(refused[-1].split(": error: ", 1)[1]) from None
+                raise SweepRefused(refused[-1].split(": error: ", 1)[1]) from None
             raise
         return Calibration.load(out)
     from ..comm import init
@@ -91,7 +92,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             strategy=args.strategy,
             t_comp_only=args.t_comp_only,
         )
-    except ValueError as e:  # a sweep the fit cannot use: every rank fitted the same points and agrees
+    except SweepRefused as e:  # every rank fitted the same points, so every rank is here
         parser.fail(str(e))
     if cal is not None:
         print(f"{cal.meta['ranks']} rank(s): T_comp {cal.step.seconds * 1e3:.3f} ms; {cal.network.describe()}")

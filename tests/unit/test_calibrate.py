@@ -11,6 +11,7 @@ from mpi_sgd.calibrate import (
     Calibration,
     StepTiming,
     SweepPoint,
+    SweepRefused,
     fit_line,
     fit_network,
     measure_gamma,
@@ -82,7 +83,7 @@ def test_a_sweep_without_a_cost_per_byte_is_refused():
     # A short sweep on a loaded machine: the largest all-reduces took no longer than the small ones.
     # β would fit to 0, and a network saved with it prices every model's gradients at α alone.
     flat = _sweep_64k([9.6, 10.8, 11.1, 10.8, 10.6, 11.8, 12.0, 11.0])  # µs at 4 B .. 64 KiB
-    with pytest.raises(ValueError, match=r"up to 64 KiB showed no cost per byte"):
+    with pytest.raises(SweepRefused, match=r"up to 64 KiB showed no cost per byte"):
         fit_network(flat, gamma=1.1e-10)
     quiet = _sweep_64k([9.6, 10.8, 11.1, 10.8, 10.6, 11.8, 18.2, 26.7])  # the same sweep measured here, quiet
     assert fit_network(quiet, gamma=1.1e-10).beta > 0
