@@ -151,7 +151,12 @@ def kill_and_resume(command: list[str], env: dict | None = None, timeout: float 
     env = {**os.environ, **(env or {})}
     with tempfile.TemporaryDirectory() as d:
         whole, killed = os.path.join(d, "whole"), os.path.join(d, "killed")
-        subprocess.run([*command, "--checkpoint", whole], env=env, check=True, capture_output=True, timeout=timeout)
+        first = subprocess.run(
+            [*command, "--checkpoint", whole], env=env, capture_output=True, text=True, timeout=timeout
+        )
+        if first.returncode != 0:
+            said = (first.stdout + first.stderr).strip()[-600:]
+            return False, time.perf_counter() - start, f"the uninterrupted run failed (exit {first.returncode}): {said}"
         job = subprocess.Popen(
             [*command, "--checkpoint", killed],
             env=env,
