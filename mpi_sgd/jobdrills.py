@@ -7,8 +7,8 @@ drills (:mod:`mpi_sgd.checkpoint.drill`) do; ``mpi-sgd faults`` shows them as ro
 * :func:`ctrl_c`: SIGINT to the launcher once the job trains. Hydra passes it on to every rank:
   one line from rank 0, status 130, no traceback. Open MPI's launcher ends the ranks itself.
 * :func:`killed_outright`: SIGKILL to the launcher and every rank at once, so that no MPI code
-  runs to clean up: nothing of the job may stay in /dev/shm once the next job's clean has run
-  (:mod:`mpi_sgd.cluster.residue`).
+  runs to clean up: nothing of the job may stay in /dev/shm, nor Open MPI's launcher session in
+  the temporary directory, once the next job's clean has run (:mod:`mpi_sgd.cluster.residue`).
 """
 
 from __future__ import annotations
@@ -68,6 +68,7 @@ def killed_outright(command: list[str], env: dict | None = None, timeout: float 
     drill_dir = tempfile.mkdtemp(prefix="mpi-sgd-drill-")
     env = {**os.environ, **(env or {}), "MPI_SGD_DRILL_DIR": drill_dir}
     before = {p.name for p in residue.segments()}
+    sessions_before = set(_sessions())
     job = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, start_new_session=True)
     pids: list[int] = []
     try:
@@ -87,7 +88,20 @@ def killed_outright(command: list[str], env: dict | None = None, timeout: float 
     left = {p.name for p in residue.segments()} - before
     removed = {name for name, _ in residue.clean(grace=0) if name in left}
     still = {p.name for p in residue.segments()} - before
+    sessions_left = set(_sessions()) - sessions_before
+    residue.clean_sessions()
+    sessions_still = sessions_left & set(_sessions())
     took = time.perf_counter() - start
-    if len(pids) < 2 or still:
-        return False, took, f"{len(pids)} rank(s) started; still in /dev/shm: {sorted(still)}"
-    return True, took, f"killed; {len(left)} file(s) left in /dev/shm, {len(removed)} removed by the next clean"
+    if len(pids) < 2 or still or sessions_still:
+        return False, took, f"{len(pids)} rank(s) started; still there: {sorted(still | sessions_still)}"
+    said = f"killed; {len(left)} file(s) left in /dev/shm, {len(removed)} removed by the next clean"
+    return True, took, f"{said}; {len(sessions_left)} launcher session(s) in the temporary directory, removed too"
+
+
+def _sessions() -> list[str]:
+    """Every Open MPI launcher session directory in the temporary directory, live or not."""
+    base = tempfile.gettempdir()
+    try:
+        return [name for name in os.listdir(base) if residue.SESSION.fullmatch(name)]
+    except OSError:
+        return []

@@ -2,7 +2,7 @@
 
     mpi-sgd doctor -hosts a,b          # the hosts you would give mpiexec
     mpi-sgd doctor -f hostfiles/hydra  # or its hostfile (hydra or Open MPI format)
-    mpi-sgd doctor --clean             # remove what killed MPI jobs left in this host's /dev/shm
+    mpi-sgd doctor --clean             # remove what killed MPI jobs left in /dev/shm and /tmp
 
 For every host: does its name resolve here; does ssh reach it in batch mode (no password
 prompt) within the timeout; does it have the same python (same path: the same venv or a shared
@@ -273,6 +273,8 @@ def main(args: Flags) -> int:
         for name, size in removed:
             print(f"removed {residue.SHM}/{name} ({size / 2**20:.1f} MiB): no process maps it")
         print(f"{len(removed)} segment(s) of ended jobs removed, {sum(s for _, s in removed) / 2**20:.1f} MiB freed")
+        for path in residue.clean_sessions():
+            print(f"removed {path}: the session directory of an Open MPI launcher that is gone")
         return 0
     try:
         hosts = parse_hosts_option(args.hosts) if args.hosts else read_hostfile(args.hostfile) if args.hostfile else []
@@ -307,7 +309,9 @@ class Flags:
     timeout: float = flag(10.0, "seconds each host gets to answer", positive_float)
     python: str = flag(sys.executable, "the python every host must have at the same path")
     clean: bool = flag(
-        False, "remove the MPI segments in this host's /dev/shm that no process maps, older than --timeout seconds"
+        False,
+        "remove the MPI segments in this host's /dev/shm that no process maps, older than --timeout seconds, "
+        "and the session directories of Open MPI launchers that are gone",
     )
 
     def __post_init__(self):

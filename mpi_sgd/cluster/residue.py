@@ -6,6 +6,13 @@ segment ``mpich_shm_*``, Open MPI 5's ``sm_segment.HOST.UID.JOB.RANK`` (Open MPI
 kill, a node's job cleanup that only signals) cannot, and the files stay, in memory, until the
 machine reboots: 16 MiB per rank for Open MPI, a few MiB per node for MPICH, job after job.
 
+Open MPI's launcher (PRRTE's ``prterun``) also keeps a session directory, ``TMPDIR/ompi.PID``
+(PMIx rendezvous files, hwloc's topology), which a killed launcher leaves behind too. That one
+does harm beyond the space: a later launcher that gets the same pid (pids wrap at ``pid_max``,
+32768 on many systems, within a few thousand jobs) cannot start its PMIx server there and fails
+before any rank runs ("The PMIx server's listener thread failed to start", exit 213). So the same
+cleaners remove the session directories whose launcher is gone (:func:`stale_sessions`).
+
 Two defences. A job of this project unlinks MPICH's segment as soon as every rank of the node has
 it mapped (:func:`mpi_sgd.comm.shm.window.unlink_mpi_segments`), so a kill leaves no name behind.
 Open MPI's cannot be unlinked early (its ranks open them by name while they connect), so the next
@@ -18,6 +25,10 @@ from __future__ import annotations
 
 import fnmatch
 import os
+import re
+import shutil
+import stat
+import tempfile
 import time
 from pathlib import Path
 
@@ -89,4 +100,62 @@ def clean(directory: str = SHM, grace: float = GRACE_S) -> list[tuple[str, int]]
         except OSError:
             continue  # another cleaner was first, or it is not ours to remove after all
         removed.append((path.name, size))
+    return removed
+
+
+SESSION = re.compile(r"ompi\.(\d+)")  # Open MPI 5's launcher session, named by the launcher's pid
+# A pid's process counts as the directory's owner if it started before the directory last changed;
+# the slack covers the boot time's whole seconds. A reused pid starts minutes or days later.
+SLACK_S = 2.0
+
+
+def _start_time(pid: int, proc: str) -> float | None:
+    """When process ``pid`` started (seconds since the epoch), or None if there is none."""
+    try:
+        with open(f"{proc}/{pid}/stat") as f:
+            fields = f.read().rpartition(")")[2].split()  # the name, in parentheses, may hold spaces
+        with open(f"{proc}/stat") as f:
+            boot = next(float(line.split()[1]) for line in f if line.startswith("btime "))
+    except FileNotFoundError:
+        return None
+    except (OSError, StopIteration, IndexError, ValueError):
+        return 0.0  # there but unreadable: treated as the owner, never removed on a guess
+    return boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")
+
+
+def stale_sessions(directory: str | None = None, proc: str = "/proc") -> list[Path]:
+    """Open MPI launcher session directories in ``directory`` (the temporary directory, as the
+    launcher picks it: TMPDIR, else /tmp) whose launcher is gone: no process has its pid, or the
+    one that has it started after the directory last changed (the pid was reused). This user's
+    only (any user's, as root)."""
+    base = Path(directory or tempfile.gettempdir())
+    try:
+        names = os.listdir(base)
+    except OSError:
+        return []
+    me, found = os.geteuid(), []
+    for name in names:
+        match = SESSION.fullmatch(name)
+        if not match:
+            continue
+        path = base / name
+        try:
+            st = path.lstat()
+        except OSError:
+            continue
+        if not stat.S_ISDIR(st.st_mode) or (me != 0 and st.st_uid != me):
+            continue
+        started = _start_time(int(match[1]), proc)
+        if started is None or started > st.st_mtime + SLACK_S:
+            found.append(path)
+    return found
+
+
+def clean_sessions(directory: str | None = None) -> list[str]:
+    """Remove :func:`stale_sessions`; their paths."""
+    removed = []
+    for path in stale_sessions(directory):
+        shutil.rmtree(path, ignore_errors=True)
+        if not path.exists():
+            removed.append(str(path))
     return removed

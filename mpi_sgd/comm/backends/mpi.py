@@ -77,13 +77,15 @@ def _test(handle) -> bool:
 def _clear_residue(node: MPI.Comm) -> None:
     """Leave nothing in /dev/shm if this job is killed, and remove what killed jobs left there
     (:mod:`mpi_sgd.cluster.residue`): MPICH's start-up segment unlinked once the node's ranks map
-    it, and the node's first rank removing the segments no process maps any more."""
+    it, and the node's first rank removing the segments no process maps any more and the session
+    directories of Open MPI launchers that were killed."""
     from ...cluster import residue
     from ..shm.window import unlink_mpi_segments
 
     unlink_mpi_segments(node)
     if node.Get_rank() == 0:
         residue.clean()
+        residue.clean_sessions()
 
 
 class MPIComm(Communicator):
