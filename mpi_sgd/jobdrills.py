@@ -88,7 +88,7 @@ def killed_outright(command: list[str], env: dict | None = None, timeout: float 
     left = {p.name for p in residue.segments()} - before
     removed = {name for name, _ in residue.clean(grace=0) if name in left}
     still = {p.name for p in residue.segments()} - before
-    sessions_left = set(_sessions()) - sessions_before
+    sessions_left = {p.name for p in residue.stale_sessions()} - sessions_before  # not another job's live one
     residue.clean_sessions()
     sessions_still = sessions_left & set(_sessions())
     took = time.perf_counter() - start
