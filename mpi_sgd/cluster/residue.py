@@ -1,4 +1,4 @@
-"""What a killed MPI job leaves in /dev/shm, and clearing it.
+"""What a killed MPI job leaves in /dev/shm and the temporary directory, and clearing it.
 
 The ranks of a node talk through files in /dev/shm that their MPI names there: MPICH's start-up
 segment ``mpich_shm_*``, Open MPI 5's ``sm_segment.HOST.UID.JOB.RANK`` (Open MPI 4's
@@ -6,19 +6,21 @@ segment ``mpich_shm_*``, Open MPI 5's ``sm_segment.HOST.UID.JOB.RANK`` (Open MPI
 kill, a node's job cleanup that only signals) cannot, and the files stay, in memory, until the
 machine reboots: 16 MiB per rank for Open MPI, a few MiB per node for MPICH, job after job.
 
-Open MPI's launcher (PRRTE's ``prterun``) also keeps a session directory, ``TMPDIR/ompi.PID``
-(PMIx rendezvous files, hwloc's topology), which a killed launcher leaves behind too. That one
-does harm beyond the space: a later launcher that gets the same pid (pids wrap at ``pid_max``,
-32768 on many systems, within a few thousand jobs) cannot start its PMIx server there and fails
-before any rank runs ("The PMIx server's listener thread failed to start", exit 213). So the same
-cleaners remove the session directories whose launcher is gone (:func:`stale_sessions`).
-
 Two defences. A job of this project unlinks MPICH's segment as soon as every rank of the node has
 it mapped (:func:`mpi_sgd.comm.shm.window.unlink_mpi_segments`), so a kill leaves no name behind.
 Open MPI's cannot be unlinked early (its ranks open them by name while they connect), so the next
 job's first rank on the node, or ``mpi-sgd doctor --clean``, removes the segments whose creators
 are gone, and only those: files of this user (any user's, as root) that no process maps, older
 than :data:`GRACE_S` (a job that is starting creates its segment and maps it in the same breath).
+
+Open MPI's launcher (PRRTE's ``prterun``) also keeps a session directory, ``TMPDIR/ompi.PID``
+(PMIx rendezvous files, hwloc's topology), which a killed launcher leaves behind too. That one
+does harm beyond the space: a later launcher that gets the same pid (pids wrap at ``pid_max``,
+32768 on many systems, within a few thousand jobs) cannot start its PMIx server there and fails
+before any rank runs ("The PMIx server's listener thread failed to start", exit 213). So the same
+cleaners remove the session directories whose launcher is gone (:func:`stale_sessions`). Both
+judge liveness by what this host's /proc shows: a job in another PID namespace that shares this
+/dev/shm or temporary directory would look dead from here.
 """
 
 from __future__ import annotations
