@@ -16,6 +16,10 @@ line maps process IDs to ranks, so the table shows "rank 1 (pid N on HOST) kille
 
 The table is the whole result: case, expected status, bound, time taken, and the message line
 the check found. Add a case by appending a :class:`Case` to :data:`CASES`.
+
+Why one module of over 300 lines: the cases are data, and each one's setup (a held lock, an
+unreadable checkpoint) and its verdict must be read next to it to see what the row checks; the
+drills themselves live in :mod:`.checkpoint.drill` and :mod:`.jobdrills`.
 """
 
 # (Said here, not in the docstring, which --help shows.)

@@ -68,7 +68,7 @@ def killed_outright(command: list[str], env: dict | None = None, timeout: float 
     drill_dir = tempfile.mkdtemp(prefix="mpi-sgd-drill-")
     env = {**os.environ, **(env or {}), "MPI_SGD_DRILL_DIR": drill_dir}
     before = {p.name for p in residue.segments()}
-    sessions_before = set(_sessions())
+    sessions_before = {p.name for p in residue.sessions()}
     job = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, start_new_session=True)
     pids: list[int] = []
     try:
@@ -90,18 +90,9 @@ def killed_outright(command: list[str], env: dict | None = None, timeout: float 
     still = {p.name for p in residue.segments()} - before
     sessions_left = {p.name for p in residue.stale_sessions()} - sessions_before  # not another job's live one
     residue.clean_sessions()
-    sessions_still = sessions_left & set(_sessions())
+    sessions_still = sessions_left & {p.name for p in residue.sessions()}
     took = time.perf_counter() - start
     if len(pids) < 2 or still or sessions_still:
         return False, took, f"{len(pids)} rank(s) started; still there: {sorted(still | sessions_still)}"
     said = f"killed; {len(left)} file(s) left in /dev/shm, {len(removed)} removed by the next clean"
     return True, took, f"{said}; {len(sessions_left)} launcher session(s) in the temporary directory, removed too"
-
-
-def _sessions() -> list[str]:
-    """Every Open MPI launcher session directory in the temporary directory, live or not."""
-    base = tempfile.gettempdir()
-    try:
-        return [name for name in os.listdir(base) if residue.SESSION.fullmatch(name)]
-    except OSError:
-        return []

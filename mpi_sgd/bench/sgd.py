@@ -49,6 +49,9 @@ the same step with no communication: what world size 1 costs on top of a plain t
 
 The variants are data (:data:`TABLE`, one :class:`Variant` each); the table, the plot and the
 verdicts are :mod:`.sgd_report`'s.
+
+Why over 300 lines: what is left is one benchmark's measuring (the variants' steps, interleaved
+on every rank) and its flags; the report is already apart, and the rest is one loop.
 """
 
 # (Said here, not in the docstring, which --help shows.)

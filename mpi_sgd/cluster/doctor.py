@@ -15,6 +15,10 @@ It never hangs: every probe runs in its own thread under a deadline, and ssh get
 ``BatchMode=yes`` and a ``ConnectTimeout``. ssh is whatever mpiexec would use: the command in
 ``HYDRA_LAUNCHER_EXEC`` if set, else ``ssh``. The launcher's own host (and any name that is
 one of its addresses) is probed without ssh, as hydra starts local ranks without it.
+
+Why one module of over 300 lines: probing, comparing and the table all read and write the same
+:class:`HostReport`, and each check's column, rule and one-line fix sit together; the probe that
+runs on every host is :mod:`.probe`, and ``--clean``'s work is :mod:`.residue`'s.
 """
 
 # (Said here, not in the docstring, which --help shows.)
@@ -269,12 +273,7 @@ def main(args: Flags) -> int:
     if args.clean:
         from . import residue
 
-        removed = residue.clean(grace=args.timeout)
-        for name, size in removed:
-            print(f"removed {residue.SHM}/{name} ({size / 2**20:.1f} MiB): no process maps it")
-        print(f"{len(removed)} segment(s) of ended jobs removed, {sum(s for _, s in removed) / 2**20:.1f} MiB freed")
-        for path in residue.clean_sessions():
-            print(f"removed {path}: the session directory of an Open MPI launcher that is gone")
+        residue.report_clean(grace=args.timeout)
         return 0
     try:
         hosts = parse_hosts_option(args.hosts) if args.hosts else read_hostfile(args.hostfile) if args.hostfile else []

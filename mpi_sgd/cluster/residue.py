@@ -125,30 +125,37 @@ def _start_time(pid: int, proc: str) -> float | None:
     return boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")
 
 
-def stale_sessions(directory: str | None = None, proc: str = "/proc") -> list[Path]:
-    """Open MPI launcher session directories in ``directory`` (the temporary directory, as the
-    launcher picks it: TMPDIR, else /tmp) whose launcher is gone: no process has its pid, or the
-    one that has it started after the directory last changed (the pid was reused). This user's
-    only (any user's, as root)."""
+def sessions(directory: str | None = None) -> list[Path]:
+    """Every Open MPI launcher session directory in ``directory`` (the temporary directory, as the
+    launcher picks it: TMPDIR, else /tmp), live or not; this user's only (any user's, as root)."""
     base = Path(directory or tempfile.gettempdir())
     try:
         names = os.listdir(base)
     except OSError:
         return []
     me, found = os.geteuid(), []
-    for name in names:
-        match = SESSION.fullmatch(name)
-        if not match:
-            continue
+    for name in filter(SESSION.fullmatch, names):
         path = base / name
         try:
             st = path.lstat()
         except OSError:
             continue
-        if not stat.S_ISDIR(st.st_mode) or (me != 0 and st.st_uid != me):
+        if stat.S_ISDIR(st.st_mode) and (me == 0 or st.st_uid == me):
+            found.append(path)
+    return found
+
+
+def stale_sessions(directory: str | None = None, proc: str = "/proc") -> list[Path]:
+    """The :func:`sessions` whose launcher is gone: no process has its pid, or the one that has it
+    started after the directory last changed (the pid was reused)."""
+    found = []
+    for path in sessions(directory):
+        try:
+            changed = path.lstat().st_mtime
+        except OSError:
             continue
-        started = _start_time(int(match[1]), proc)
-        if started is None or started > st.st_mtime + SLACK_S:
+        started = _start_time(int(SESSION.fullmatch(path.name)[1]), proc)
+        if started is None or started > changed + SLACK_S:
             found.append(path)
     return found
 
@@ -161,3 +168,13 @@ def clean_sessions(directory: str | None = None) -> list[str]:
         if not path.exists():
             removed.append(str(path))
     return removed
+
+
+def report_clean(grace: float = GRACE_S) -> None:
+    """``mpi-sgd doctor --clean``: :func:`clean` and :func:`clean_sessions`, each removal named."""
+    removed = clean(grace=grace)
+    for name, size in removed:
+        print(f"removed {SHM}/{name} ({size / 2**20:.1f} MiB): no process maps it")
+    print(f"{len(removed)} segment(s) of ended jobs removed, {sum(s for _, s in removed) / 2**20:.1f} MiB freed")
+    for path in clean_sessions():
+        print(f"removed {path}: the session directory of an Open MPI launcher that is gone")
