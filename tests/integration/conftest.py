@@ -96,13 +96,17 @@ def table_header(stdout: str) -> list[str]:
 WHOLE_FILES = pytest.mark.timeout(300)
 
 
-def run_mpi_tests(n: int, *files: str, select: str | None = None, timeout: float = 240) -> tuple[list[int], str]:
+def run_mpi_tests(
+    n: int, *files: str, select: str | None = None, timeout: float = 240
+) -> tuple[list[tuple[int, int]], str]:
     """``files`` of tests/mpi under ``mpiexec -n n python -m mpi4py -m pytest --with-mpi -x`` (one
-    torch thread per rank), only those ``-k select`` picks; the number of tests each rank passed
-    (one entry per rank that reported) and the job's output, to show when an assertion fails.
+    torch thread per rank), only those ``-k select`` picks; the numbers of tests each rank passed
+    and skipped (one pair per rank that reported) and the job's output, to show when an assertion
+    fails.
     Mark the test :data:`WHOLE_FILES`."""
     paths = [str(ROOT / "tests" / "mpi" / f) for f in files]
     args = ["-m", "mpi4py", "-m", "pytest", "--with-mpi", "-x", "-q", "-p", "no:cacheprovider"]
     args += ["-k", select] if select else []
     out = run_mpi(n, *args, *paths, env={"OMP_NUM_THREADS": "1"}, timeout=timeout)
-    return [int(passed) for passed in re.findall(r"(\d+) passed", out.stdout)], out.stdout[-2000:]
+    tallies = re.findall(r"(\d+) passed(?:, (\d+) skipped)?", out.stdout)
+    return [(int(passed), int(skipped or 0)) for passed, skipped in tallies], out.stdout[-2000:]

@@ -1,28 +1,14 @@
-"""The pipeline launched the way users launch it: the MPI tests at R = 4, and examples/08_pipeline.py."""
+"""The pipeline launched the way users launch it: examples/08_pipeline.py (its MPI tests at R = 4 are
+in test_four_ranks.py)."""
 
 from __future__ import annotations
 
 import json
 import re
 
-from .conftest import EXAMPLES, WHOLE_FILES, own_lines, run_mpi, run_mpi_tests
+from .conftest import EXAMPLES, own_lines, run_mpi
 
 ENV = {"OMP_NUM_THREADS": "1"}  # three or four ranks share two cores in CI
-# At R = 4 the equivalence, memory, timeline and header tests; the other communicators and the
-# benchmark's in-process run add nothing new at four ranks and would only cost start-up time.
-SELECT = (
-    "equals_the_unsplit or other_splits or side_by_side or keeps_the_wrappers or holds_fewer or timeline_has "
-    "or wrong_micro_batch"
-)
-# 6 equivalence, 2 splits, 3 grids (3 stages cannot divide 4 ranks), wrapped 2 x 2 grid, memory, timeline, header
-MIN_TESTS = 15
-
-
-@WHOLE_FILES
-def test_pipeline_equivalence_at_four_ranks():
-    """The tests/mpi body at R = 4 (make test covers 1, 2, 3): four stages of the six-layer model."""
-    ran, out = run_mpi_tests(4, "test_pipeline.py", select=SELECT)
-    assert len(ran) == 4 and min(ran) >= MIN_TESTS, out
 
 
 def test_08_pipeline_checks_equality_and_prints_the_bubble_table(tmp_path):

@@ -1,4 +1,5 @@
-"""The shared-memory all-reduce in whole jobs: at four ranks, with a rank killed, and its benchmark."""
+"""The shared-memory all-reduce in whole jobs: with a rank killed, and its benchmark (its MPI tests at
+four ranks are in test_four_ranks.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import WHOLE_FILES, run_mpi, run_mpi_tests, widest_line
+from .conftest import run_mpi, widest_line
 
 ENV = {"OMP_NUM_THREADS": "1"}
 
@@ -60,16 +61,6 @@ def _hydra() -> bool:
     except (OSError, subprocess.TimeoutExpired):
         return False
     return "HYDRA" in out.stdout
-
-
-@WHOLE_FILES
-def test_shm_tests_at_four_ranks():
-    """tests/mpi/test_shm.py at R = 4 (make test covers 1, 2, 3): flat 4 and pretend nodes 2 x 2. Left
-    out, to keep make test short: nodes of one rank each (MPI between every rank, nothing shared:
-    nothing at 4 that 3 does not show) and the trainer (at 1, 2, 3 here; at 4 on the namespace
-    cluster, test_netns_cluster.py, where one runs)."""
-    ran, out = run_mpi_tests(4, "test_shm.py", select="not alone and not trainer")
-    assert len(ran) == 4 and min(ran) >= 35, out
 
 
 @pytest.mark.parametrize("cleanup", ["launcher", "survivors"])

@@ -1,5 +1,5 @@
-"""Split communicators in whole jobs of four ranks: tests/mpi/test_split.py at R = 4 (make test runs
-it at 1, 2 and 3), and a 2 x 2 grid whose stalled rank, in one row, is named by that row's watchdog
+"""Split communicators in whole jobs of four ranks (tests/mpi/test_split.py at R = 4 is in
+test_four_ranks.py): a 2 x 2 grid whose stalled rank, in one row, is named by that row's watchdog
 with the timeout the job set, not the default, and ends the job."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 import time
 
-from .conftest import ROOT, WHOLE_FILES, run_mpi, run_mpi_tests
+from .conftest import ROOT, run_mpi
 
 ENV = {"OMP_NUM_THREADS": "1"}
 
@@ -34,12 +34,6 @@ if comm.rank // 2 == 1:
     print(f"rank {comm.rank}: row 1 finished its all-reduce", flush=True)
 time.sleep(60)
 """
-
-
-@WHOLE_FILES
-def test_split_tests_at_four_ranks():
-    ran, out = run_mpi_tests(4, "test_split.py")
-    assert len(ran) == 4 and min(ran) >= 50, out
 
 
 def test_a_stalled_rank_in_a_row_is_named_and_ends_the_job(tmp_path):

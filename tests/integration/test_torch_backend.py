@@ -1,25 +1,18 @@
 """The "mpi4py" torch.distributed backend launched as users launch it: under mpiexec.
 
-``make test`` runs tests/mpi at -n 1 and 3, and at -n 2 through ``mpirun -n 2 pytest``; here the
-backend's MPI tests run at -n 4 as well, in a fresh job where they are the first to touch
-torch.distributed, so the default group is started by ``dist.init_process_group("mpi4py")`` with
-no address, port, rank or size given.
+``make test`` runs tests/mpi at -n 1 and 3, and at -n 2 through ``mpirun -n 2 pytest``;
+test_four_ranks.py runs the backend's MPI tests at -n 4 as well, first in their job, so that the
+default group is started by ``dist.init_process_group("mpi4py")`` with no address, port, rank or
+size given. Here: the example, trained over the backend.
 """
 
 from __future__ import annotations
 
 import re
 
-from .conftest import EXAMPLES, WHOLE_FILES, run_mpi, run_mpi_tests
+from .conftest import EXAMPLES, run_mpi
 
 ENV = {"OMP_NUM_THREADS": "1"}
-MIN_TESTS = 45  # test_torch_backend.py and test_torch_ddp.py together
-
-
-@WHOLE_FILES
-def test_backend_and_ddp_at_four_ranks():
-    ran, out = run_mpi_tests(4, "test_torch_backend.py", "test_torch_ddp.py")
-    assert len(ran) == 4 and min(ran) >= MIN_TESTS, out  # every rank ran them, none skipped
 
 
 def test_torch_ddp_example_trains_ddp_over_mpi():

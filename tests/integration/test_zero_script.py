@@ -1,25 +1,18 @@
-"""ZeRO launched the way users launch it: the R = 4 equivalence tests, examples/07_zero.py at
-three ranks (the acceptance line), sync_sgd.py --zero with a checkpoint, and the benchmark
+"""ZeRO launched the way users launch it (its R = 4 equivalence tests are in test_four_ranks.py):
+examples/07_zero.py at three ranks (the acceptance line), sync_sgd.py --zero with a checkpoint, and the benchmark
 command at tiny sizes."""
 
 from __future__ import annotations
 
 import re
 
-from .conftest import EXAMPLES, run_mpi, run_mpi_tests
+from .conftest import EXAMPLES, run_mpi
 
 ENV = {"OMP_NUM_THREADS": "1"}  # two, three or four ranks share two cores
 
 
 def table_rows(stdout: str) -> list[list[str]]:
     return [[c.strip() for c in line.strip("|").split("|")] for line in stdout.splitlines() if line.startswith("| ")]
-
-
-def test_equivalence_at_four_ranks():
-    """tests/mpi/test_zero.py's equivalence tests at R = 4 (make test runs all of it at 1, 2, 3):
-    each stage with Adam, and with the uneven units of which one is smaller than R."""
-    ran, out = run_mpi_tests(4, "test_zero.py", select="equals_plain and adam or uneven", timeout=240)
-    assert len(ran) == 4 and min(ran) == 6, out  # every rank ran them, none skipped
 
 
 def test_07_zero_at_three_ranks_prints_equality_and_memory():
