@@ -105,7 +105,8 @@ def run_mpi_tests(
     fails.
     Mark the test :data:`WHOLE_FILES`."""
     paths = [str(ROOT / "tests" / "mpi" / f) for f in files]
-    args = ["-m", "mpi4py", "-m", "pytest", "--with-mpi", "-x", "-q", "-p", "no:cacheprovider"]
+    # no colours: Open MPI's launcher gives the ranks a terminal, and the tally is read from the text
+    args = ["-m", "mpi4py", "-m", "pytest", "--with-mpi", "-x", "-q", "-p", "no:cacheprovider", "--color=no"]
     args += ["-k", select] if select else []
     out = run_mpi(n, *args, *paths, env={"OMP_NUM_THREADS": "1"}, timeout=timeout)
     tallies = re.findall(r"(\d+) passed(?:, (\d+) skipped)?", out.stdout)
