@@ -50,7 +50,9 @@ def run_calibration(
     from ..comm import init
 
     comm = init("mpi4py")
-    cal = calibrate(comm, sweep_sizes(max_bytes=max_bytes), layers, batch_size, algorithm, strategy, not t_comp_only)
+    cal = calibrate(
+        comm, sweep_sizes(max_bytes=max_bytes), layers, batch_size, algorithm, strategy, measure_network=not t_comp_only
+    )
     if not comm.is_root:
         return None
     if save:
