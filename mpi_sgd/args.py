@@ -45,11 +45,17 @@ class UsageError(ValueError):
     """A value this run cannot use, found before any communication: reported as one line, exit 2."""
 
 
+# A module docstring's paragraph on why the module stays over 300 lines is for its maintainers.
+_MAINTAINERS = re.compile(r"\n\nWhy (?:one module of )?over 300 lines:.*?(?=\n\n|\Z)", re.S)
+
+
 class ArgumentParser(argparse.ArgumentParser):
-    # Descriptions keep their line breaks (module docstrings serve as --help). Sub-commands'
-    # parsers are of this class too, so they need not say so.
+    # Descriptions keep their line breaks (module docstrings serve as --help), less the
+    # maintainers' paragraph. Sub-commands' parsers are of this class too, so they need not say so.
     def __init__(self, *args, **kwargs):
         kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
+        if kwargs.get("description"):
+            kwargs["description"] = _MAINTAINERS.sub("", kwargs["description"])
         super().__init__(*args, **kwargs)
 
     def error(self, message: str):

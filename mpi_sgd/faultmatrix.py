@@ -22,10 +22,6 @@ unreadable checkpoint) and its verdict must be read next to it to see what the r
 drills themselves live in :mod:`.checkpoint.drill` and :mod:`.jobdrills`.
 """
 
-# (Said here, not in the docstring, which --help shows.)
-# Why one module of over 300 lines: most of it is the cases themselves, as data (:data:`CASES`); the
-# runner and the judge that read them are short, and a case is easiest to add where the others stand.
-
 from __future__ import annotations
 
 import json

@@ -54,10 +54,6 @@ Why over 300 lines: what is left is one benchmark's measuring (the variants' ste
 on every rank) and its flags; the report is already apart, and the rest is one loop.
 """
 
-# (Said here, not in the docstring, which --help shows.)
-# Why over 300 lines: the variants (data) and how each is built and timed belong together;
-# the table, the verdicts and the breakdown are already apart, in sgd_report.py.
-
 from __future__ import annotations
 
 import time

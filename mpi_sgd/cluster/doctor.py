@@ -21,10 +21,6 @@ Why one module of over 300 lines: probing, comparing and the table all read and 
 runs on every host is :mod:`.probe`, and ``--clean``'s work is :mod:`.residue`'s.
 """
 
-# (Said here, not in the docstring, which --help shows.)
-# Why one module of over 300 lines: the probes, the table and the verdict all read one HostReport, and
-# ``--clean`` is the doctor's one repair of the host it runs on (:mod:`.residue` does the work).
-
 from __future__ import annotations
 
 import concurrent.futures

@@ -2,9 +2,8 @@
 files (or the part of each that four ranks add something to) once more at four.
 
 One job, not one per file: every rank of a job pays for starting pytest, torch and the optimizer's
-imports (about 3.5 CPU-seconds), and four ranks on two cores pay it twice over. Measured on the
-2-core VM (2026-11-30, MPICH wheel): the six jobs this replaces took 55.7 s, this one 23.1 s, and
-every rank passed the same 200 tests.
+imports, and four ranks on two cores pay it twice over (docs/contributing/tests.md has what one job
+instead of six saved).
 """
 
 from __future__ import annotations
@@ -31,8 +30,8 @@ FILES = {
     # each ZeRO stage with Adam, and the uneven units of which one is smaller than R
     "test_zero.py": "equals_plain and adam or uneven",
 }
-# Together (2026-11-30): backend and DDP 52, pipeline 15, shared memory 52, split 59, trainer 16,
-# ZeRO 6. Only skip: the pipeline's grid of 3 stages, which cannot divide 4 ranks.
+# Together: backend and DDP 52, pipeline 15, shared memory 52, split 59, trainer 16, ZeRO 6.
+# Only skip: the pipeline's grid of 3 stages, which cannot divide 4 ranks.
 MIN_PASSED, SKIPPED = 200, 1
 
 

@@ -159,3 +159,12 @@ def test_a_command_refusing_before_it_communicates_is_one_line(capsys):
         run_command(parser.parse_args(["go", "--name", "n"]))
     assert e.value.code == 2
     assert capsys.readouterr().err == ("tool go: error: no n here\n" if prints_usage_errors() else "")
+
+
+def test_help_leaves_out_the_maintainers_paragraph():
+    # A module docstring serves as --help; its paragraph on why the module is long is not for users.
+    doc = "What it does.\n\nWhy one module of over 300 lines: reasons.\nMore reasons.\n\nHow to use it."
+    text = ArgumentParser(prog="p", description=doc).format_help()
+    assert "What it does." in text and "How to use it." in text and "reasons" not in text
+    last = ArgumentParser(prog="p", description="What it does.\n\nWhy over 300 lines: reasons.\n").format_help()
+    assert "What it does." in last and "reasons" not in last
