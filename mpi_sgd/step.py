@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch.nn import functional as F
 
+from . import optimizers
 from .amp import MixedPrecision
 from .config import TrainConfig
 from .gradsync import GradSync
@@ -30,12 +31,13 @@ def make_optimizer(cfg: TrainConfig, model, fused: bool = False) -> torch.optim.
     ``cfg.optimizer`` ``sgd`` (with ``cfg.momentum``) or ``adam``, at ``cfg.lr``: the trainer's, and
     every benchmark's and example's, which pass a :class:`TrainConfig` of the settings they want.
     ``fused``: torch's fused implementation, the one that can skip a step on the device (``found_inf``).
+    The classes are torch's, minus their import of torch's compiler (:mod:`mpi_sgd.optimizers`).
     """
     params = model.parameters() if isinstance(model, torch.nn.Module) else model
     kind = {"fused": True} if fused else {}
     if cfg.optimizer == "adam":
-        return torch.optim.Adam(params, lr=cfg.lr, **kind)
-    return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, **kind)
+        return optimizers.Adam(params, lr=cfg.lr, **kind)
+    return optimizers.SGD(params, lr=cfg.lr, momentum=cfg.momentum, **kind)
 
 
 @dataclass(frozen=True)

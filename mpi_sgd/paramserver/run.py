@@ -14,7 +14,7 @@ import torch
 from torch.nn import functional as F
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
-from .. import data
+from .. import data, optimizers
 from ..replicas import broadcast_parameters
 from . import results
 from .config import AsyncConfig
@@ -91,7 +91,7 @@ def _alone(model: torch.nn.Module, dataset: data.Dataset, cfg: AsyncConfig) -> R
     max(0, 1) = 1).
     """
     params = list(model.parameters())
-    optimizer = torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum)
+    optimizer = optimizers.SGD(params, lr=cfg.lr, momentum=cfg.momentum)
     loss_fn = F.cross_entropy if dataset.classification else F.mse_loss
     delay = cfg.straggler_ms / 1e3 if cfg.straggler(1) == 0 else 0.0
     result = Result("server", 0, staleness=Counter({0: cfg.evaluations}), pushes_by_worker=Counter({0: 0}))

@@ -40,6 +40,7 @@ FLOORS = (
         "lrschedule",
         "target",
         "preemption",
+        "optimizers",
     ),
     ("gradsync", "pipeline", "paramserver", "zero"),  # parallelism strategies
     (
