@@ -7,9 +7,9 @@ its documentation gives (the learning rate outside the velocity, unlike Sutskeve
     v <- m·v + g           (later steps)
     θ <- θ − lr·v
 
-so with one worker the arithmetic is exactly plain SGD's. Written out rather than borrowed:
-constructing a torch optimizer imports ``torch._dynamo``, seconds of start-up on a loaded machine,
-for four lines of arithmetic; and here the learning rate changes with every gradient's staleness.
+so with one worker the arithmetic is exactly plain SGD's. Written out rather than borrowed: here
+the learning rate changes with every gradient's staleness, and the server updates one flat slice,
+not a model's parameter groups, so four lines of arithmetic say it more plainly than an optimizer.
 """
 
 from __future__ import annotations
