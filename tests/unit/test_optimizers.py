@@ -49,6 +49,8 @@ def _same(a: torch.nn.Module, b: torch.nn.Module) -> bool:
 
 @pytest.mark.parametrize("name, kwargs", CASES, ids=[f"{n}-{'-'.join(k)}" for n, k in CASES])
 def test_the_same_bits_as_torchs_and_state_dicts_cross_over(name, kwargs):
+    # Grad mode is on around every step here: a step that did not turn it off would raise on the
+    # in-place update of a parameter (a leaf that requires grad) in the unfused cases.
     ours_model, theirs_model = _model(), _model()
     ours = getattr(optimizers, name)(ours_model.parameters(), **kwargs)
     theirs = getattr(torch.optim, name)(theirs_model.parameters(), **kwargs)
@@ -67,8 +69,6 @@ def test_the_same_bits_as_torchs_and_state_dicts_cross_over(name, kwargs):
     _steps(ours2, o2, 3, seed=2)
     _steps(theirs2, t2, 3, seed=2)
     assert _same(ours2, theirs2)
-    for p in ours2.parameters():  # moved, and the gradients were really off during the update
-        assert not p.requires_grad or p.grad is not None
 
 
 def test_hooks_run_once_and_a_found_inf_skips_the_step():
