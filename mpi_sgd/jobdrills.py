@@ -63,6 +63,13 @@ def ctrl_c(command: list[str], env: dict | None = None, timeout: float = 60) -> 
     return True, took, f"exit {job.returncode}: {ours[0]}"
 
 
+def _inode(path) -> int | None:
+    try:
+        return path.stat().st_ino
+    except OSError:
+        return None  # gone meanwhile
+
+
 def killed_outright(command: list[str], env: dict | None = None, timeout: float = 60) -> tuple[bool, float, str]:
     """``command`` must start two ranks that note their pids and wait (:data:`WAITS`)."""
     drill_dir = tempfile.mkdtemp(prefix="mpi-sgd-drill-")
@@ -83,11 +90,15 @@ def killed_outright(command: list[str], env: dict | None = None, timeout: float 
         os.killpg(job.pid, signal.SIGKILL)
         job.wait()
         shutil.rmtree(drill_dir, ignore_errors=True)
-    start = time.perf_counter()
+    killed_at, start = time.time(), time.perf_counter()
     time.sleep(0.5)  # the kernel unmaps a killed process's memory as it reaps it
     left = {p.name for p in residue.segments()} - before
-    removed = {name for name, _ in residue.clean(grace=0) if name in left}
-    still = {p.name for p in residue.segments()} - before
+    # Other jobs may run beside the drill (a test suite's parallel workers): the clean takes only
+    # what was there before the kill, so a job starting now keeps the segment it has not mapped
+    # yet, and what is left counts only where no live process maps it (another job's is mapped).
+    removed = {name for name, _ in residue.clean(grace=time.time() - killed_at) if name in left}
+    in_use = residue.mapped_inodes()
+    still = {p.name for p in residue.segments() if p.name not in before and _inode(p) not in in_use}
     sessions_left = {p.name for p in residue.stale_sessions()} - sessions_before  # not another job's live one
     residue.clean_sessions()
     sessions_still = sessions_left & {p.name for p in residue.sessions()}
