@@ -73,7 +73,7 @@ needs_make = pytest.mark.skipif(shutil.which("make") is None, reason="make is no
 def test_cpu_machine_with_a_local_wheel_uses_it_and_nothing_else(tmp_path):
     rc, out, _, calls = venv_torch(tmp_path, local_wheel=True, cpu_index=False, gpu=False)
     assert rc == 0 and "CPU build, from a local wheel" in out
-    assert calls == ["-m pip install -q --no-index --no-deps torch==2.13.0"]  # no network touched
+    assert calls == ["-m pip install -q --no-compile --no-index --no-deps torch==2.13.0"]  # no network touched
 
 
 @needs_make
@@ -81,7 +81,10 @@ def test_cpu_machine_without_a_local_wheel_takes_the_cpu_index(tmp_path):
     rc, out, _, calls = venv_torch(tmp_path, local_wheel=False, cpu_index=True, gpu=False)
     assert rc == 0 and "CPU build, from https://download.pytorch.org/whl/cpu" in out
     assert "timeout=5" in calls[1]  # an unreachable index costs seconds, not pip's retries
-    assert calls[2] == "-m pip install -q --no-deps --index-url https://download.pytorch.org/whl/cpu torch==2.13.0"
+    assert (
+        calls[2]
+        == "-m pip install -q --no-compile --no-deps --index-url https://download.pytorch.org/whl/cpu torch==2.13.0"
+    )
 
 
 @needs_make
@@ -95,7 +98,7 @@ def test_cpu_machine_with_neither_says_it_falls_back_to_the_cuda_build(tmp_path)
 def test_gpu_machine_gets_the_cuda_build_unless_told_cpu(tmp_path):
     rc, out, _, calls = venv_torch(tmp_path, local_wheel=True, cpu_index=True, gpu=True)
     assert (
-        rc == 0 and "CUDA on Linux x86_64" in out and calls == ["-m pip install -q torch===2.13.0"]
+        rc == 0 and "CUDA on Linux x86_64" in out and calls == ["-m pip install -q --no-compile torch===2.13.0"]
     )  # === : not a local +cpu
     (tmp_path / "told").mkdir()
     rc, out, _, _ = venv_torch(tmp_path / "told", local_wheel=True, cpu_index=True, gpu=True, build="cpu")
