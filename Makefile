@@ -30,8 +30,10 @@ export MPIEXEC_TIMEOUT
 # process, so a file's fixtures, such as the namespace cluster, are built once); JOBS=1 runs them
 # one after another. Two even on two cores: much of the tests' time is a job waiting on purpose (a
 # stall to be named, a deadline to pass) while the other file's jobs compute. Each test starts jobs
-# of 1-4 ranks, so more than two wants about two cores a process.
-JOBS ?= 2
+# of 1-4 ranks, so more than two wants about two cores a process. One for a system MPI: Debian's
+# MPICH waits by polling (UCX), and beside another file's jobs its four-rank test job ran past its
+# 240 s limit on two cores.
+JOBS ?= $(if $(filter system,$(MPI)),1,2)
 # Every rank writes straight through: a rank that pytest-timeout ends with os._exit, or that MPI
 # aborts, would otherwise take its block-buffered report (when output is a pipe, as in CI) with it.
 export PYTHONUNBUFFERED := 1

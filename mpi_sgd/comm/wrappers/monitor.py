@@ -66,6 +66,9 @@ class Monitor:
         self._sent_check = None
         self._mismatch_reported = False
         self._stop = threading.Event()
+        # Set as the thread's loop ends: what close() and _leave() wait for, rather than the thread's
+        # end, which under Intel MPI (ranks on fewer cores) has come long after its last Python line.
+        self._done = threading.Event()
         self.thread = threading.Thread(target=self._run, name="mpi_sgd-watchdog", daemon=True)
 
     @classmethod
@@ -95,7 +98,7 @@ class Monitor:
         """
         atexit.unregister(self._leave)
         self._stop.set()
-        self.thread.join()
+        self._done.wait()
         owed = self._side.alltoall(self._sent_to)  # owed[r]: how many rank r sent me
         while any(got < n for got, n in zip(self._got_from, owed, strict=True)):
             self._serve(block=True)
@@ -171,6 +174,8 @@ class Monitor:
             sys.stderr.write(
                 f"mpi_sgd watchdog on rank {rank_labels(self.wd.world_ranks)(self.wd.rank)} stopped: {e!r}\n"
             )
+        finally:
+            self._done.set()
 
     def _report_stall(self) -> None:
         me = self.wd.status()
@@ -229,7 +234,7 @@ class Monitor:
         check had no time to see still fails the job.
         """
         self._stop.set()
-        self.thread.join(timeout=2 * self.wd.poll + 1)
+        self._done.wait(timeout=2 * self.wd.poll + 1)
         try:
             me = {**self.wd.status(stack=False), "left": True, "crc": self.wd.crc}
             for r in range(self.wd.size):
