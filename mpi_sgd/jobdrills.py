@@ -63,13 +63,6 @@ def ctrl_c(command: list[str], env: dict | None = None, timeout: float = 60) -> 
     return True, took, f"exit {job.returncode}: {ours[0]}"
 
 
-def _inode(path) -> int | None:
-    try:
-        return path.stat().st_ino
-    except OSError:
-        return None  # gone meanwhile
-
-
 def killed_outright(command: list[str], env: dict | None = None, timeout: float = 60) -> tuple[bool, float, str]:
     """``command`` must start two ranks that note their pids and wait (:data:`WAITS`)."""
     drill_dir = tempfile.mkdtemp(prefix="mpi-sgd-drill-")
@@ -97,8 +90,7 @@ def killed_outright(command: list[str], env: dict | None = None, timeout: float 
     # what was there before the kill, so a job starting now keeps the segment it has not mapped
     # yet, and what is left counts only where no live process maps it (another job's is mapped).
     removed = {name for name, _ in residue.clean(grace=time.time() - killed_at) if name in left}
-    in_use = residue.mapped_inodes()
-    still = {p.name for p in residue.segments() if p.name not in before and _inode(p) not in in_use}
+    still = {p.name for p in residue.orphans(grace=0)} - before
     sessions_left = {p.name for p in residue.stale_sessions()} - sessions_before  # not another job's live one
     residue.clean_sessions()
     sessions_still = sessions_left & {p.name for p in residue.sessions()}
