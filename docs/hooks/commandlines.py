@@ -19,6 +19,7 @@ import json
 import runpy
 import shlex
 import sys
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -96,7 +97,12 @@ def parser_of(entry: str) -> argparse.ArgumentParser:
             try:
                 with _catching_parsers(module or str(ROOT / entry)):
                     if module:
-                        runpy.run_module(module, run_name="__main__", alter_sys=True)
+                        # Another page's check (or a test) may have imported the module already;
+                        # running a fresh copy as __main__ is what reaches its parser, so runpy's
+                        # warning that the two copies differ says nothing here.
+                        with warnings.catch_warnings():
+                            warnings.filterwarnings("ignore", "'.*' found in sys.modules", RuntimeWarning)
+                            runpy.run_module(module, run_name="__main__", alter_sys=True)
                     else:
                         runpy.run_path(str(ROOT / entry), run_name="__main__")
             except _Caught as caught:
