@@ -300,3 +300,22 @@ def test_the_status_a_launcher_passes_on_after_a_signal(tmp_path):
         fake.write_text(f"#!/bin/sh\ncat <<'EOF'\n{said}EOF\n")
         fake.chmod(0o755)
         assert statuses_after_signal(str(fake), 75) == status, said
+
+
+def test_a_thread_that_does_not_stop_is_described_by_what_the_os_says():
+    # What close() prints when the monitor's thread never signals that its loop ended: whether
+    # Python still counts it alive, and the kernel's view of its OS thread (or that it is gone).
+    import threading
+
+    from mpi_sgd.comm.wrappers.monitor import _os_view
+
+    release = threading.Event()
+    thread = threading.Thread(target=release.wait)
+    thread.start()
+    try:
+        live = _os_view(thread)
+    finally:
+        release.set()
+        thread.join()
+    assert live.startswith(f"Python: alive; OS thread {thread.native_id}: state S")  # asleep in a futex
+    assert _os_view(thread) == f"Python: ended; OS thread {thread.native_id}: gone"

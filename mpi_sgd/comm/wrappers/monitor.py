@@ -98,7 +98,7 @@ class Monitor:
         """
         atexit.unregister(self._leave)
         self._stop.set()
-        self._done.wait()
+        self._wait_for_thread(ANSWER_WAIT + 2 * self.wd.poll + 5)
         owed = self._side.alltoall(self._sent_to)  # owed[r]: how many rank r sent me
         while any(got < n for got, n in zip(self._got_from, owed, strict=True)):
             self._serve(block=True)
@@ -106,6 +106,22 @@ class Monitor:
             req.Wait()
         self._sends = []
         self._side.Free()
+
+    def _wait_for_thread(self, limit: float, quiet: bool = False) -> None:
+        """Wait up to ``limit`` s for the thread's loop to end, then go on without it, saying why.
+
+        The loop ends within one poll of being told to, or ANSWER_WAIT later if it was asking
+        the others; ``limit`` covers both, so a thread still in Python by then is not merely slow.
+        Under Intel MPI, with three ranks on two cores, a rank's watchdog thread has vanished
+        without running its ``finally`` (faulthandler no longer listed it, and the loop's event was
+        never set): waiting for it had no end. What the OS says of the thread is printed, so that
+        the next time it happens says more."""
+        if self._done.wait(limit) or quiet:
+            return
+        sys.stderr.write(
+            f"mpi_sgd watchdog on rank {rank_labels(self.wd.world_ranks)(self.wd.rank)}: its thread has not "
+            f"finished {limit:.0f} s after being told to stop ({_os_view(self.thread)}); going on without it\n"
+        )
 
     def _send(self, dest: int, tag: int, payload) -> None:
         from mpi4py import MPI
@@ -234,7 +250,7 @@ class Monitor:
         check had no time to see still fails the job.
         """
         self._stop.set()
-        self._done.wait(timeout=2 * self.wd.poll + 1)
+        self._wait_for_thread(2 * self.wd.poll + 1, quiet=True)
         try:
             me = {**self.wd.status(stack=False), "left": True, "crc": self.wd.crc}
             for r in range(self.wd.size):
@@ -252,3 +268,17 @@ class Monitor:
             self._serve()  # anything that arrived meanwhile (a late answer) is received, not left
         except Exception:
             pass  # MPI may already be going down; leaving quietly is all that is left
+
+
+def _os_view(thread: threading.Thread) -> str:
+    """What Python and the kernel say of ``thread``: alive or not, and its OS thread's state."""
+    said = f"Python: {'alive' if thread.is_alive() else 'ended'}"
+    tid = getattr(thread, "native_id", None)
+    try:
+        with open(f"/proc/self/task/{tid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]  # the field after the command's name
+        with open(f"/proc/self/task/{tid}/wchan") as f:
+            wchan = f.read().strip() or "-"
+        return f"{said}; OS thread {tid}: state {state}, waiting in {wchan}"
+    except (OSError, IndexError):
+        return f"{said}; OS thread {tid}: gone"
