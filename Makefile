@@ -161,8 +161,8 @@ test-mpi test-mpirun: export MPIEXEC_TIMEOUT = $(SUITE_TIMEOUT)
 test-mpi: venv
 	@set -e; for n in $(TEST_SIZES); do \
 	  echo "== MPI tests at mpiexec -n $$n =="; \
-	  yield=$$([ $$n -gt $$(nproc) ] && echo 1 || echo 0); \
-	  MPIR_CVAR_ENABLE_HEAVY_YIELD=$${MPIR_CVAR_ENABLE_HEAVY_YIELD:-$$yield} \
+	  yield=$$([ $$n -gt $$(nproc) ] && echo 1 || echo 0); pin=$$((1 - yield)); \
+	  MPIR_CVAR_ENABLE_HEAVY_YIELD=$${MPIR_CVAR_ENABLE_HEAVY_YIELD:-$$yield} I_MPI_PIN=$${I_MPI_PIN:-$$pin} \
 	    $(MPIEXEC) -n $$n $(PY) -m mpi4py -m pytest --with-mpi -x -q --timeout=$(TEST_TIMEOUT) tests/mpi; \
 	done
 
