@@ -126,16 +126,22 @@ def launcher_family(mpiexec: str) -> str:
     return "hydra" if "HYDRA" in said else "openmpi" if re.search(r"Open MPI|OpenRTE", said) else "other"
 
 
+def hydra_version(mpiexec: str) -> tuple[int, int] | None:
+    """(major, minor) of an MPICH launcher (Hydra's version is its MPICH's), else None."""
+    try:
+        said = subprocess.run([mpiexec, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    found = re.search(r"HYDRA build details:\s*\n\s*Version:\s*(\d+)\.(\d+)", said)
+    return (int(found.group(1)), int(found.group(2))) if found else None
+
+
 def statuses_after_signal(mpiexec: str, ranks_status: int) -> set[int]:
     """The statuses ``mpiexec`` may exit with when its ranks, stopped by a signal it passed on, exit
     with ``ranks_status``: theirs; under Hydra 4.0 (Debian 12's MPICH 4.0.2) also 0, as it exits
     before it has read its ranks' statuses in some runs (seen both ways, by the same test)."""
-    try:
-        said = subprocess.run([mpiexec, "--version"], capture_output=True, text=True, timeout=30).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return {ranks_status}
-    old = re.search(r"HYDRA build details:\s*\n\s*Version:\s*(\d+)\.", said)
-    return {0, ranks_status} if old and int(old.group(1)) < 5 else {ranks_status}
+    version = hydra_version(mpiexec)
+    return {0, ranks_status} if version and version[0] < 5 else {ranks_status}
 
 
 def stop_signal(mpiexec: str) -> signal.Signals:

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from mpi_sgd.launch import mpiexec_command, usable_cores
-from mpi_sgd.launchers import run_job
+from mpi_sgd.launchers import hydra_version, run_job
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
@@ -57,15 +57,10 @@ def polls_when_oversubscribed(n: int) -> str | None:
     file of tests at four ranks took 71 to over 200 s from one run to the next under it."""
     if n <= usable_cores():
         return None
-    launcher = mpiexec_command(1, "-c", "pass")[0][0]
-    try:
-        said = subprocess.run([launcher, "--version"], capture_output=True, text=True, timeout=30).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    version = re.search(r"HYDRA build details:\s*\n\s*Version:\s*(\d+)\.(\d+)", said)
-    if version and int(version.group(1)) < 5:
+    version = hydra_version(mpiexec_command(1, "-c", "pass")[0][0])
+    if version and version[0] < 5:
         return (
-            f"{n} ranks on {usable_cores()} cores under MPICH {version.group(1)}.{version.group(2)}, which "
+            f"{n} ranks on {usable_cores()} cores under MPICH {version[0]}.{version[1]}, which "
             "polls while it waits (no MPIR_CVAR_ENABLE_HEAVY_YIELD): minutes by chance, not a test"
         )
     return None
