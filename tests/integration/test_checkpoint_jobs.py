@@ -1,8 +1,10 @@
 """Two real jobs in one ``--checkpoint`` directory: the second is refused in one line naming the
 first, while the first trains on; afterwards ``latest`` names the newest checkpoint that verifies
 (the one ``--resume auto`` takes), written by the first job alone. The first job's saves are slowed
-(``MPI_SGD_SAVE_FAULT=slow:4``): after its first checkpoint appears it has two more saves to make,
-about 8 s, while the second job takes 2-3 s to be refused."""
+(``MPI_SGD_SAVE_FAULT=slow:10``): after its first checkpoint appears it has two more saves to make,
+about 20 s, while the second job takes 2-3 s to be refused on a quiet host. With 4 s saves (8 s to
+spare) the first job once ended before the second was refused: Open MPI's launcher under the whole
+integration suite's load (two files at a time on two cores) took longer than that to start it."""
 
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ TRAIN = ("--epochs", "1000", "--max-steps", "250", "--no-progress", "--val-fract
 def test_a_second_job_is_refused_and_the_first_keeps_its_checkpoints(tmp_path):
     ck = str(tmp_path / "ck")
     cmd, env = mpiexec_command(2, str(EXAMPLES / "sync_sgd.py"), *TRAIN, "--checkpoint", ck)
-    env = {**env, "MPI_SGD_SAVE_FAULT": "slow:4"}
+    env = {**env, "MPI_SGD_SAVE_FAULT": "slow:10"}
     first = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 120
     while not store.checkpoints(ck) and first.poll() is None and time.monotonic() < deadline:
