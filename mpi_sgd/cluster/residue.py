@@ -1,17 +1,20 @@
 """What a killed MPI job leaves in /dev/shm and the temporary directory, and clearing it.
 
 The ranks of a node talk through files in /dev/shm that their MPI names there: MPICH's start-up
-segment ``mpich_shm_*``, Open MPI 5's ``sm_segment.HOST.UID.JOB.RANK`` (Open MPI 4's
-``vader_segment.*``). A job that finalizes removes them; one killed (SIGKILL, an out-of-memory
-kill, a node's job cleanup that only signals) cannot, and the files stay, in memory, until the
-machine reboots: 16 MiB per rank for Open MPI, a few MiB per node for MPICH, job after job.
+segment ``mpich_shm_*`` (``mpich_shar_tmp*`` from MPICH 4.0), Open MPI 5's
+``sm_segment.HOST.UID.JOB.RANK`` (Open MPI 4's ``vader_segment.*``), Intel MPI's ``Intel_MPI_*``.
+A job that finalizes removes them; one killed (SIGKILL, an out-of-memory kill, a node's job
+cleanup that only signals) cannot, and the files stay, in memory, until the machine reboots: 16
+MiB per rank for Open MPI, a few MiB per node for MPICH, job after job.
 
 Two defences. A job of this project unlinks MPICH's segment as soon as every rank of the node has
 it mapped (:func:`mpi_sgd.comm.shm.window.unlink_mpi_segments`), so a kill leaves no name behind.
-Open MPI's cannot be unlinked early (its ranks open them by name while they connect), so the next
-job's first rank on the node, or ``mpi-sgd doctor --clean``, removes the segments whose creators
-are gone, and only those: files of this user (any user's, as root) that no process maps, older
-than :data:`GRACE_S` (a job that is starting creates its segment and maps it in the same breath).
+Intel MPI unlinks its own once its ranks map them, so only a job killed in between (one hung in
+``MPI_Win_allocate_shared``, say) leaves one. Open MPI's cannot be unlinked early (its ranks open
+them by name while they connect), so the next job's first rank on the node, or ``mpi-sgd doctor
+--clean``, removes the segments whose creators are gone, and only those: files of this user (any
+user's, as root) that no process maps, older than :data:`GRACE_S` (a job that is starting creates
+its segment and maps it in the same breath).
 
 Open MPI's launcher (PRRTE's ``prterun``) also keeps a session directory, ``TMPDIR/ompi.PID``
 (PMIx rendezvous files, hwloc's topology), which a killed launcher leaves behind too. That one
@@ -34,7 +37,7 @@ import tempfile
 import time
 from pathlib import Path
 
-PATTERNS = ("mpich_shm_*", "sm_segment.*", "vader_segment.*")
+PATTERNS = ("mpich_shm_*", "mpich_shar_tmp*", "sm_segment.*", "vader_segment.*", "Intel_MPI_*")
 GRACE_S = 60.0
 SHM = "/dev/shm"
 

@@ -21,14 +21,16 @@ def _segment(directory, name: str, age: float) -> str:
 def test_orphans_are_the_old_unmapped_mpi_segments_only(tmp_path):
     old = _segment(tmp_path, "mpich_shm_dead_0", 600)
     ompi = _segment(tmp_path, "sm_segment.vm.0.1c920000.0", 600)
+    impi = _segment(tmp_path, "Intel_MPI_yAuBmO", 600)  # left by a job killed inside MPI_Win_allocate_shared
+    mpich4 = _segment(tmp_path, "mpich_shar_tmpXk2l9Q", 600)  # MPICH 4.0's name for its segment
     young = _segment(tmp_path, "mpich_shm_starting_0", 1)  # a job starting now: within the grace
     mapped = _segment(tmp_path, "vader_segment.vm.7.0", 600)
     other = _segment(tmp_path, "not_mpi_at_all", 600)  # another program's file: never touched
     with open(mapped, "r+b") as f, mmap.mmap(f.fileno(), 4096):  # a live job maps its segment
         found = {p.name for p in residue.orphans(str(tmp_path))}
-        assert found == {os.path.basename(old), os.path.basename(ompi)}
+        assert found == {os.path.basename(p) for p in (old, ompi, impi, mpich4)}
         removed = residue.clean(str(tmp_path))
-    assert sorted(removed) == sorted([(os.path.basename(old), 4096), (os.path.basename(ompi), 4096)])
+    assert sorted(removed) == sorted((os.path.basename(p), 4096) for p in (old, ompi, impi, mpich4))
     assert sorted(os.listdir(tmp_path)) == sorted(os.path.basename(p) for p in (young, mapped, other))
     # unmapped now (its job ended), and with no grace the young one counts too; never the other program's
     assert {p.name for p in residue.orphans(str(tmp_path), grace=0)} == {
