@@ -114,25 +114,24 @@ def _intel_ends(output: str) -> str | None:
     )
 
 
+def _version_text(mpiexec: str) -> str:
+    """What ``mpiexec --version`` prints ("" where it cannot be run)."""
+    try:
+        return subprocess.run([mpiexec, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+
+
 def launcher_family(mpiexec: str) -> str:
     """``hydra`` (MPICH, Intel MPI), ``openmpi`` or ``other``: what ``mpiexec --version`` says."""
-    import subprocess
-
-    try:
-        said = subprocess.run([mpiexec, "--version"], capture_output=True, text=True, timeout=30).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return "other"
+    said = _version_text(mpiexec)
     # Open MPI 5's prterun says "(Open MPI) 5.0.x"; Open MPI 4's orterun says "(OpenRTE) 4.1.x".
     return "hydra" if "HYDRA" in said else "openmpi" if re.search(r"Open MPI|OpenRTE", said) else "other"
 
 
 def hydra_version(mpiexec: str) -> tuple[int, int] | None:
     """(major, minor) of an MPICH launcher (Hydra's version is its MPICH's), else None."""
-    try:
-        said = subprocess.run([mpiexec, "--version"], capture_output=True, text=True, timeout=30).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    found = re.search(r"HYDRA build details:\s*\n\s*Version:\s*(\d+)\.(\d+)", said)
+    found = re.search(r"HYDRA build details:\s*\n\s*Version:\s*(\d+)\.(\d+)", _version_text(mpiexec))
     return (int(found.group(1)), int(found.group(2))) if found else None
 
 
