@@ -48,6 +48,7 @@ def init(
     ``MPI_SGD_FAULT`` set, a :class:`~mpi_sgd.comm.wrappers.faults.FaultComm` goes around it all.
     The mpi4py backend's reductions are checked across ranks as they run
     (:class:`~mpi_sgd.comm.wrappers.callcheck.CallCheck`; ``MPI_SGD_CALL_CHECK=0``: not).
+    ``close()`` on what it returns frees all of it (:meth:`Communicator.close`).
     """
     from ..launch import check_world, env_flag, env_seconds, install_abort_hook
 
@@ -90,6 +91,12 @@ def init(
         from .wrappers.faults import Fault, FaultComm
 
         comm = FaultComm(comm, Fault.parse(os.environ["MPI_SGD_FAULT"]))
+    from .wrappers.wrapper import CommWrapper
+
+    layer = comm
+    while isinstance(layer, CommWrapper):  # every layer made here: closing the top closes them all
+        layer.owns_inner = True
+        layer = layer.inner
     if abort_on_error:
         install_abort_hook(comm)
     return comm

@@ -310,6 +310,19 @@ class Communicator(abc.ABC):
         """
         return None
 
+    def close(self) -> None:
+        """Free what this communicator made (collective: every rank calls it, in the same order).
+
+        Nothing here. The mpi4py backend frees its node-shared windows and, for a part made by
+        :meth:`split`, the part itself; a wrapper frees what it made (a duplicate, a thread) and
+        closes the communicator it wraps if it made that too (:func:`mpi_sgd.comm.init`'s stack,
+        a split's parts). Neither the communicator nor a buffer from :meth:`alloc_shared` may be
+        used after it. A job that ends without it loses nothing (``MPI_Finalize`` frees it all);
+        a process that makes communicators in a loop runs out of them without it, as MPI allows
+        each process only so many (a few thousand under MPICH).
+        """
+        return None
+
     def wtime(self) -> float:
         """Wall-clock seconds, the clock benchmarks read (``MPI.Wtime`` where MPI is up)."""
         import time

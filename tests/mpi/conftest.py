@@ -53,15 +53,10 @@ def initialised():
     for one module. Its watchdog is stopped when the module ends: a monitor thread left running
     would go on judging its communicator, and could end the job, while later modules run."""
     from mpi_sgd.comm import init
-    from mpi_sgd.comm.wrappers.watchdog import Watchdog
 
     comm = init("mpi4py", abort_on_error=False)
     yield comm
-    layer = comm
-    while layer is not None:
-        if isinstance(layer, Watchdog):
-            layer.close()
-        layer = vars(layer).get("inner")
+    comm.close()  # all that init() made, the watchdog's thread with it
 
 
 @pytest.fixture(scope="session")

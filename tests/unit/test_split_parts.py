@@ -118,7 +118,9 @@ BUILD = {
     "CallCheck": lambda inner: CallCheck(inner),  # no settings: its part checks its own calls from the first
 }
 # Attributes that a part does not share with its parent by design: each part starts afresh.
-OWN = {"inner", "_built_with", "phase_t"}  # phase_t: when the watchdog last heard where(), a clock reading
+# phase_t: when the watchdog last heard where(), a clock reading; owns_inner: a part's wrapper made
+# its part (and closes it), whatever its parent was given.
+OWN = {"inner", "_built_with", "phase_t", "owns_inner"}
 
 
 def wrappers_in_the_library() -> set[str]:
@@ -150,6 +152,7 @@ def check_part(wrapped, color=4, key=-2) -> None:
             mine, theirs = vars(a), vars(b)
             differ = sorted(k for k in mine.keys() | theirs.keys() if k not in OWN and mine.get(k) != theirs.get(k))
             assert not differ, f"{type(a).__name__}'s part has other settings: {differ}"
+            assert b.owns_inner, f"{type(a).__name__}'s part would not close the part it wraps"
             layers.append(type(a).__name__)
             a, b = a.inner, b.inner
         assert isinstance(b, Part) and b.made_by == made_by, f"{layers} did not wrap the inner part"

@@ -85,6 +85,9 @@ def every_call(comm) -> list[tuple]:
     assert comm.alloc_shared(4, torch.float64).tolist() == [0.0] * 4 and comm.node_shared is False
     part, node = comm.split(0, 5), comm.split_type("node")
     assert type(part) is type(node) is type(comm) and part.size == node.size == 1  # wrapped alike
+    if isinstance(comm, CommWrapper):
+        comm.owns_inner = True  # as init() marks its stack: closing the wrapper closes what it wraps
+    comm.close()
     with pytest.raises(SystemExit):
         comm.abort(3)
     names = [
@@ -113,6 +116,7 @@ def every_call(comm) -> list[tuple]:
         "alloc_shared",
         "split",
         "split_type",
+        "close",
         "abort",
     ]
     assert sorted(names) == SEAM  # the list above covers the whole seam
@@ -125,6 +129,41 @@ WRAPPERS = {
     "Watchdog": lambda inner: Watchdog(inner, timeout=5),
     "FaultComm": lambda inner: FaultComm(inner, Fault.parse("1:1:raise")),
 }
+
+
+class Closing(LocalComm):
+    def __init__(self):
+        super().__init__()
+        self.closed = 0
+
+    def close(self):
+        self.closed += 1
+
+    def split(self, color, key=None):
+        return None if color is None else Closing()
+
+
+def test_a_wrapper_closes_what_it_made_and_leaves_what_it_was_given():
+    given = Closing()
+    around = CommWrapper(given)  # someone else holds `given`
+    around.close()
+    assert given.closed == 0
+    made = CommWrapper(Closing())
+    made.owns_inner = True
+    made.close()
+    made.close()
+    assert made.inner.closed == 1  # once, however often it is asked
+    part = CommWrapper(given).split(0)  # a part is made for its wrapper alone
+    part.close()
+    assert part.inner.closed == 1 and given.closed == 0
+
+
+def test_init_marks_its_whole_stack_as_its_own(monkeypatch):
+    from mpi_sgd.comm import init
+
+    monkeypatch.setenv("MPI_SGD_FAULT", "0:99:raise")  # a wrapper around the size-1 backend
+    comm = init("local", abort_on_error=False)
+    assert isinstance(comm, FaultComm) and comm.owns_inner
 
 
 @pytest.mark.parametrize("wrap", WRAPPERS.values(), ids=WRAPPERS.keys())

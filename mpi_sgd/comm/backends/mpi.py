@@ -97,8 +97,9 @@ class MPIComm(Communicator):
 
     backend = "mpi4py"
 
-    def __init__(self, comm: MPI.Comm | None = None, node_size: int | None = None):
+    def __init__(self, comm: MPI.Comm | None = None, node_size: int | None = None, owns: bool = False):
         self.comm = MPI.COMM_WORLD if comm is None else comm
+        self._owns_comm = owns  # whether close() frees it: a part split() made, not the world or a caller's
         self.rank = self.comm.Get_rank()
         self.size = self.comm.Get_size()
         # Ranks that share memory form one "node"; MPI works this out the same way under
@@ -283,11 +284,19 @@ class MPIComm(Communicator):
     def split(self, color, key=None):
         self._agree_split(color, key)  # a bad color or key fails on every rank, before MPI's split
         part = self.comm.Split(MPI.UNDEFINED if color is None else color, self.rank if key is None else key)
-        return None if color is None else MPIComm(part, self._node_size)
+        return None if color is None else MPIComm(part, self._node_size, owns=True)
 
     def split_type(self, kind="node", key=None):
         key = self._agree_split_type(kind, key)
-        return MPIComm(self.comm.Split_type(MPI.COMM_TYPE_SHARED, key=key), self._node_size)
+        return MPIComm(self.comm.Split_type(MPI.COMM_TYPE_SHARED, key=key), self._node_size, owns=True)
+
+    def close(self):
+        if self._shm is not None:  # the node-shared all-reduce's windows
+            self._shm.close()
+            self._shm = None
+        if self._owns_comm:
+            self._owns_comm = False
+            self.comm.Free()
 
     # -- objects --------------------------------------------------------------------------
     def bcast_obj(self, obj, root=0):

@@ -78,6 +78,17 @@ class CallCheck(CommWrapper):
             self._mine, self._pages = self._here.flags[self.inner.rank], [self._here.flags[q] for q in self._others]
             self._polls = QUICK_POLLS if self._here.spin_seconds else 0
 
+    def close(self) -> None:
+        """Free the checks' duplicate and shared window (collective), then what it wraps if it made it."""
+        if self._here is not None:
+            self._mine = self._pages = None  # views of the window: gone with it
+            self._here.close()
+            self._here = None
+        if self.side is not None:
+            self.side.Free()
+            self.side = None
+        super().close()
+
     def _word(self, name: str, buf, op: str) -> tuple:
         """The call's description, its code ``h`` and the template ``(h, -h)``, made once per kind
         of call: a dictionary lookup is what the common case costs."""

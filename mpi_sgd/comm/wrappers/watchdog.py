@@ -245,10 +245,12 @@ class Watchdog(CommWrapper):
         }
 
     def close(self) -> None:
-        """Stop the watchdog's thread and free its communicator (collective); calls still pass through."""
+        """Stop the watchdog's thread and free its communicator (collective). Calls still pass
+        through, unless this watchdog made the communicator it wraps (:meth:`CommWrapper.close`)."""
         if self.monitor is not None:
             self.monitor.close()
             self.monitor = None
+        super().close()
 
 
 class _Patience:

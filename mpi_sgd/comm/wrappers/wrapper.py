@@ -31,6 +31,10 @@ above needs nothing more, and its parts count bytes of their own. A wrapper over
 only where a part must not simply start afresh with the same arguments (the watchdog gives each
 part its own side channel and the job's rank numbers; fault injection shares one fault per
 process). A test builds every wrapper in the library, splits it, and compares.
+
+**What a wrapper makes, its close() frees**: a wrapper that makes a duplicate communicator or a
+thread frees it in ``close()`` and then calls ``super().close()``, which closes ``inner`` where this
+layer made it (:func:`~mpi_sgd.comm.init` marks its whole stack so, and a part's wrappers own the part).
 """
 
 from __future__ import annotations
@@ -52,16 +56,25 @@ class CommWrapper(Communicator):
         self._built_with = (args, kwargs)
         return self
 
+    # Whether this layer made ``inner`` (init() builds the whole stack, split() a part's), so that
+    # closing it closes ``inner`` too; a wrapper put around a communicator held elsewhere leaves it open.
+    owns_inner = False
+
     def __init__(self, inner: Communicator):
         self.inner = inner
+
+    def close(self) -> None:
+        if self.owns_inner:
+            self.owns_inner = False  # twice is harmless
+            self.inner.close()
 
     # -- sub-communicators ------------------------------------------------------------------
     def split(self, color: int | None, key: int | None = None) -> Communicator | None:
         part = self.inner.split(color, key)
-        return None if part is None else self._rewrap(part)
+        return None if part is None else _owning(self._rewrap(part))
 
     def split_type(self, kind: str = "node", key: int | None = None) -> Communicator:
-        return self._rewrap(self.inner.split_type(kind, key))
+        return _owning(self._rewrap(self.inner.split_type(kind, key)))
 
     def _rewrap(self, inner: Communicator) -> Communicator:
         """This wrapper around ``inner``, a part of the communicator it wraps, with the same settings.
@@ -188,3 +201,9 @@ class CommWrapper(Communicator):
 
     def gather_obj(self, obj: Any, root: int = 0) -> list | None:
         return self.inner.gather_obj(obj, root)
+
+
+def _owning(part: CommWrapper) -> CommWrapper:
+    """A part's wrapper, which closes the part it wraps when closed: nobody else holds that part."""
+    part.owns_inner = True
+    return part

@@ -1,0 +1,93 @@
+"""close() gives back what a communicator made (Communicator.close): a process that starts and ends
+communicators in a loop, as a notebook or a sweep does, must not run out of them, while a
+communicator that was only borrowed (COMM_WORLD, a test's fixture) stays usable.
+
+MPI keeps no count of a process's communicators, so the tests count them the one way it allows:
+duplicating until MPI refuses, on a duplicate whose errors return instead of aborting. That is
+quick where the limit is small (MPICH's) and slow where it is large; above ``CAP`` the count is
+skipped, saying so."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from mpi4py import MPI
+
+from mpi_sgd.comm import init
+from mpi_sgd.comm.backends.mpi import MPIComm
+from mpi_sgd.comm.wrappers.watchdog import Watchdog
+
+pytestmark = pytest.mark.mpi
+
+CAP = 4096  # duplicates tried at most per count
+
+
+def free_communicators() -> int | None:
+    """How many more communicators this process may make now (collective), or None above CAP."""
+    probe = MPI.COMM_WORLD.Dup()
+    probe.Set_errhandler(MPI.ERRORS_RETURN)  # a refusal raises here instead of ending the job
+    made = []
+    try:
+        while len(made) < CAP:
+            made.append(probe.Dup())
+    except MPI.Exception:
+        pass
+    for c in made:
+        c.Free()
+    probe.Free()
+    return None if len(made) == CAP else len(made)
+
+
+def use(comm) -> None:
+    """Everything that makes a communicator or window lazily, each result checked against the sum
+    the ranks' values must give (small integers: exact under any order of addition)."""
+    n = comm.size
+    x = torch.full((1000,), float(comm.rank + 1))
+    comm.allreduce(x)  # the per-call check's duplicate and window
+    assert x.tolist() == [n * (n + 1) / 2] * 1000
+    shared = comm.alloc_shared(5000)  # the node-shared all-reduce's windows
+    shared.fill_(1.0)
+    comm.allreduce(shared)
+    assert shared.sum().item() == 5000.0 * n
+    part = comm.split(comm.rank % 2)  # a part, with its own wrappers (a watchdog and its duplicate)
+    y = torch.ones(3)
+    part.allreduce(y)
+    assert y.tolist() == [float(part.size)] * 3 and part.size == len(range(comm.rank % 2, n, 2))
+    part.close()
+
+
+def round_of_init() -> None:
+    comm = init("mpi4py", abort_on_error=False, stall_timeout=30)
+    use(comm)
+    comm.close()
+    comm.close()  # twice is harmless
+
+
+def test_closing_what_init_made_gives_every_communicator_back():
+    # A first round before counting: MPI may keep a communicator of its own for good the first time
+    # it is asked for something (MPICH 5 keeps one, made in the first MPIComm() of the world).
+    round_of_init()
+    before = free_communicators()
+    for _ in range(3):
+        round_of_init()  # under any MPI: nothing fails for having been closed
+    if before is None:
+        pytest.skip(f"this MPI allows over {CAP} communicators per process: too many to count here")
+    after = free_communicators()
+    assert after == before, f"{before - after} communicators left behind by three init()/close() rounds"
+
+
+def test_a_wrapper_leaves_open_what_it_was_given(world):
+    wd = Watchdog(world, timeout=30)  # around a communicator someone else holds
+    wd.close()
+    x = torch.ones(2)
+    world.allreduce(x)  # still usable: only the watchdog's own duplicate and thread went
+    assert x.tolist() == [float(world.size)] * 2
+
+
+def test_the_world_is_never_freed():
+    comm = MPIComm()
+    comm.close()
+    assert MPI.COMM_WORLD != MPI.COMM_NULL and comm.comm == MPI.COMM_WORLD
+    x = torch.ones(2)
+    comm.allreduce(x)
+    assert x.tolist() == [float(comm.size)] * 2
