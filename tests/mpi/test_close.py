@@ -76,12 +76,16 @@ def test_closing_what_init_made_gives_every_communicator_back():
     assert after == before, f"{before - after} communicators left behind by three init()/close() rounds"
 
 
-def test_a_wrapper_leaves_open_what_it_was_given(world):
-    wd = Watchdog(world, timeout=30)  # around a communicator someone else holds
+def test_a_wrapper_leaves_open_what_it_was_given():
+    held = MPIComm(MPI.COMM_WORLD.Dup(), owns=True)  # its own close() would free it
+    wd = Watchdog(held, timeout=30)  # a wrapper around a communicator someone else holds
     wd.close()
+    assert held.comm != MPI.COMM_NULL
     x = torch.ones(2)
-    world.allreduce(x)  # still usable: only the watchdog's own duplicate and thread went
-    assert x.tolist() == [float(world.size)] * 2
+    held.allreduce(x)  # still usable: only the watchdog's own duplicate and thread went
+    assert x.tolist() == [float(held.size)] * 2
+    held.close()
+    assert held.comm == MPI.COMM_NULL
 
 
 def test_the_world_is_never_freed():

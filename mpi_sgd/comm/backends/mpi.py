@@ -66,19 +66,13 @@ def _wildcard(value: int, mpi_value: int) -> int:
     return mpi_value if value == ANY_SOURCE else value
 
 
-def _wait(handle) -> None:
-    handle.Wait()
-
-
-def _test(handle) -> bool:
-    return handle.Test()
+_wait, _test = MPI.Request.Wait, MPI.Request.Test  # what a Request calls on its MPI handle
 
 
 def _clear_residue(node: MPI.Comm) -> None:
-    """Leave nothing in /dev/shm if this job is killed, and remove what killed jobs left there
-    (:mod:`mpi_sgd.cluster.residue`): MPICH's start-up segment unlinked once the node's ranks map
-    it, and the node's first rank removing the segments no process maps any more and the session
-    directories of Open MPI launchers that were killed."""
+    """Leave nothing in /dev/shm if this job is killed (MPICH's start-up segment unlinked once the
+    node's ranks map it), and remove what killed jobs left (:mod:`mpi_sgd.cluster.residue`): segments
+    no process maps any more and killed Open MPI launchers' session directories, by the node's first rank."""
     from ...cluster import residue
     from ..shm.window import unlink_mpi_segments
 
@@ -100,8 +94,7 @@ class MPIComm(Communicator):
     def __init__(self, comm: MPI.Comm | None = None, node_size: int | None = None, owns: bool = False):
         self.comm = MPI.COMM_WORLD if comm is None else comm
         self._owns_comm = owns  # whether close() frees it: a part split() made, not the world or a caller's
-        self.rank = self.comm.Get_rank()
-        self.size = self.comm.Get_size()
+        self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
         # Ranks that share memory form one "node"; MPI works this out the same way under
         # hydra, Open MPI's prterun and Slurm's srun, so no launcher variables are needed.
         node = self.comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
@@ -145,8 +138,7 @@ class MPIComm(Communicator):
         from ..shm.window import node_size_override
 
         timeout_setting()  # a bad MPI_SGD_SHM_TIMEOUT fails here, on every rank, not at the first bucket
-        # The windows are made at the first alloc_shared; whether any node has two ranks to share
-        # with is known now, and must be the same answer on every rank.
+        # Windows come at the first alloc_shared; whether a node has two ranks to share is known now, alike everywhere.
         self._shm, self._node_size = None, node_size_override(node_size)
         mine = self.local_size if self._node_size is None else min(self.local_size, self._node_size)
         self.node_shared = self.comm.allreduce(mine, op=MPI.MAX) > 1
@@ -291,11 +283,10 @@ class MPIComm(Communicator):
         return MPIComm(self.comm.Split_type(MPI.COMM_TYPE_SHARED, key=key), self._node_size, owns=True)
 
     def close(self):
-        if self._shm is not None:  # the node-shared all-reduce's windows
-            self._shm.close()
-            self._shm = None
-        if self._owns_comm:
-            self._owns_comm = False
+        shm, self._shm = self._shm, None  # the node-shared all-reduce's windows
+        if shm is not None:
+            shm.close()
+        if self._owns_comm and self.comm != MPI.COMM_NULL:  # Free() leaves the handle null: twice is harmless
             self.comm.Free()
 
     # -- objects --------------------------------------------------------------------------
