@@ -6,8 +6,9 @@ Each case launches a real two-rank job of a training script (``--script``, e.g. 
 does not exist; then the drills (:data:`DRILLS`): checkpoints under kills and SIGTERM, Ctrl-C, and a
 job killed outright. A case passes when the job
 ends with the status it should, prints a message naming the cause (and, for every injected fault,
-the rank to blame: rank 1), and ends within its bound: seconds after the fault for injected ones (read from
-the line the faulty rank prints as it acts), from the launch for the rest. Stall cases run with
+the rank to blame: rank 1; for a refused input, exit 2, that message once and no traceback), and
+ends within its bound: seconds after the fault for injected ones (read from the line the faulty
+rank prints as it acts), from the launch for the rest. Stall cases run with
 ``--stall-timeout`` seconds of patience, so their bound is that plus the same 10 seconds.
 
 A rank killed by a signal cannot speak, and the launcher names only its process ID; the job's start
@@ -166,7 +167,14 @@ def judge(case: Case, status: int, output: str, start: float, end: float, stall_
     names_blame = case.blame is None or bool(found and re.search(rf"\brank {case.blame}\b", message[:160]))
     if found and not names_blame:
         message = f"does not name rank {case.blame}: {message}"
-    passed = bool(status_ok and found and names_blame and seconds <= bound and (fault_at or not case.fault))
+    # A refused input is one line from the root, not one per rank, and no traceback.
+    times = len(re.findall(case.expect, output, re.M))
+    one_line = case.status != "2" or (times == 1 and "Traceback" not in output)
+    if found and not one_line:
+        message = f"printed {times} times{' with a traceback' if 'Traceback' in output else ''}: {message}"
+    passed = bool(
+        status_ok and found and names_blame and one_line and seconds <= bound and (fault_at or not case.fault)
+    )
     return Outcome(case, status, seconds, bound, message[:160], passed)
 
 

@@ -49,19 +49,18 @@ def test_demo_trains_and_writes_metrics(tmp_path):
 
 def bad_inputs(tmp_path):
     """One case per place a refusal is made; every message of each place is checked in tests/unit
-    (test_training_parts.py, test_nonfinite_and_inputs.py, test_one_line_errors.py)."""
+    (test_training_parts.py, test_nonfinite_and_inputs.py, test_one_line_errors.py). A flag's value
+    and a dataset smaller than R*B are the fault matrix's cases (test_faults.py), held to the same
+    exit 2, one line and no traceback."""
     rng = np.random.default_rng(0)
     x, labels = rng.standard_normal((200, 4)).astype(np.float32), np.arange(200) % 3
     np.savez(tmp_path / "nox.npz", y=np.zeros(4))
-    np.savez(tmp_path / "tiny.npz", x=np.zeros((10, 4), np.float32), y=np.arange(10) % 2)
     np.savez(tmp_path / "nan.npz", x=np.where(np.arange(800).reshape(200, 4) == 9, np.nan, x), y=labels)
     np.savez(tmp_path / "label.npz", x=x, y=np.where(np.arange(200) == 7, 100000, labels))
     (tmp_path / "file").write_text("")
     (tmp_path / "garbage.pt").write_bytes(b"not a checkpoint at all" * 20)
     return {
-        "a flag's value": (["--lr", "-1"], "--lr must be positive"),
         "a file without x": (["--dataset", str(tmp_path / "nox.npz")], "no array named x"),
-        "smaller than R*B": (["--dataset", str(tmp_path / "tiny.npz"), "--batch-size", "8"], "R*B = 2*8 = 16"),
         "nan in data": (["--dataset", str(tmp_path / "nan.npz")], "x holds inf or nan in 1 sample(s)"),
         "label 100000": (["--dataset", str(tmp_path / "label.npz")], "would make C = 100001 classes"),
         "unwritable checkpoint": (["--checkpoint", str(tmp_path / "file" / "ck")], "cannot be created"),

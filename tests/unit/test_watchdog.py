@@ -172,7 +172,13 @@ def test_the_fault_matrix_judges_status_message_and_time():
     assert not judge(stall, 1, fault + "something else", 990.0, 1005.0, 3).passed  # no such message
     assert not judge(stall, 1, report, 990.0, 1005.0, 3).passed  # the fault never happened
     bad_arg = next(c for c in CASES if c.status == "2")
-    assert not judge(bad_arg, 1, "error: --lr must be positive, got -1.0", 0.0, 5.0, 3).passed  # status 1, not 2
+    line = "sync_sgd.py: error: --lr must be positive, got -1.0\n"
+    assert not judge(bad_arg, 1, line, 0.0, 5.0, 3).passed  # status 1, not 2
+    assert judge(bad_arg, 2, line, 0.0, 5.0, 3).passed
+    # a refusal is one line from the root: not one per rank, not after a traceback
+    assert judge(bad_arg, 2, line * 2, 0.0, 5.0, 3).message.startswith("printed 2 times: ")
+    assert not judge(bad_arg, 2, line * 2, 0.0, 5.0, 3).passed
+    assert not judge(bad_arg, 2, "Traceback (most recent call last):\n" + line, 0.0, 5.0, 3).passed
     # a message that does not name the faulty rank fails the case too
     vague = report.replace("rank 1 missing", "a rank is missing")
     assert not judge(stall, 1, fault + vague, 990.0, 1005.0, 3).passed
