@@ -258,7 +258,7 @@ class TrainConfig:
         import torch
 
         from .comm import check_environment
-        from .comm.backends.torch_dist import unavailable
+        from .comm.backends import unavailable
 
         try:
             device = torch.device(self.device)

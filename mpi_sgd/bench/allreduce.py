@@ -275,7 +275,7 @@ def main(comm, args: Flags) -> int:
 
 def _run(args: Flags) -> int:
     from ..comm import init
-    from ..comm.backends.torch_dist import backend_available
+    from ..comm.backends import backend_available
     from ..comm.wrappers.watchdog import without_watchdog
 
     missing = [i for i in args.impls if i in TORCH_BACKENDS and not backend_available(i)]

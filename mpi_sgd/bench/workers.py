@@ -109,7 +109,7 @@ def plot(rows, path) -> None:
 
 
 def _backends(args) -> list[str]:
-    from ..comm.backends.torch_dist import backend_available
+    from ..comm.backends import backend_available
 
     out = []
     for b in args.backends:

@@ -72,7 +72,7 @@ def init(
         else:
             from .backends.torch_dist import TorchDistComm
 
-            comm = TorchDistComm(backend, comm)
+            comm = TorchDistComm(backend, comm, owns_mpi=True)
             if backend == "nccl":
                 from .wrappers.staged import DeviceStagedComm
 

@@ -37,3 +37,45 @@ def test_the_seam_over_torch_mpi4py_and_the_pointer_from_mpi():
     # torch's own "mpi" backend is absent from the pip wheels: the error says what to use instead
     proc = run_mpi(1, str(EXAMPLES / "03_collectives.py"), "--backend", "mpi", check=False, timeout=60)
     assert proc.returncode != 0 and "use --backend torch-mpi4py" in proc.stderr
+
+
+# Rounds of what a notebook or a sweep does; after a first round (MPI and torch open some files once,
+# for good), the process's open files must stay as many. The first torch communicator in a process
+# owns torch's default group and destroys it on close(), every group made after it with it.
+CLOSE_LOOP = """
+import os, sys, torch, torch.distributed as dist
+from mpi_sgd.comm import init
+def one_round(backend):
+    comm = init(backend, abort_on_error=False, stall_timeout=30)
+    x = torch.full((1000,), float(comm.rank + 1))
+    comm.allreduce(x)
+    assert x.tolist() == [comm.size * (comm.size + 1) / 2] * 1000
+    part = comm.split(comm.rank % 2)
+    y = torch.ones(3)
+    part.allreduce(y)
+    assert y.tolist() == [float(part.size)] * 3
+    part.close()
+    comm.close()
+rows = []
+for backend in sys.argv[1:]:
+    one_round(backend)
+    files = len(os.listdir("/proc/self/fd"))
+    for _ in range(3):
+        one_round(backend)
+    rows.append(f"{backend} {files} {len(os.listdir('/proc/self/fd'))} {dist.is_initialized()}")
+from mpi4py import MPI
+everyone = MPI.COMM_WORLD.gather(rows)
+if MPI.COMM_WORLD.rank == 0:
+    for rank_rows in everyone:
+        print(*rank_rows, sep=chr(10))
+"""
+
+
+def test_init_and_close_in_a_loop_leave_no_files_open():
+    backends = ("mpi4py", "gloo", "torch-mpi4py")
+    out = run_mpi(3, "-c", CLOSE_LOOP, *backends, env=ENV, timeout=180).stdout
+    rows = [line.split() for line in out.splitlines()]
+    assert sorted(r[0] for r in rows) == sorted(backends * 3), out  # every rank, every backend
+    for backend, before, after, initialized in rows:
+        assert after == before, f"{backend}: {int(after) - int(before)} files left open by three rounds"
+        assert initialized == "False", f"{backend}: torch.distributed still initialised after close()"

@@ -13,8 +13,9 @@ import torch
 import torch.distributed as dist
 from mpi4py import MPI
 
+from mpi_sgd.comm.backends import backend_available
 from mpi_sgd.comm.backends.mpi import MPIComm
-from mpi_sgd.comm.backends.torch_dist import TorchDistComm, backend_available
+from mpi_sgd.comm.backends.torch_dist import TorchDistComm
 from mpi_sgd.comm.backends.torch_mpi4py import MPI4PyProcessGroup
 
 pytestmark = pytest.mark.mpi

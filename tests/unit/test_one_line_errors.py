@@ -12,8 +12,8 @@ import torch
 
 from mpi_sgd import checkpoint, data
 from mpi_sgd.checkpoint import CheckpointError
+from mpi_sgd.comm.backends import unavailable
 from mpi_sgd.comm.backends.local import LocalComm
-from mpi_sgd.comm.backends.torch_dist import unavailable
 from mpi_sgd.config import TrainConfig
 from mpi_sgd.models import build_model, check_input
 from tests.unit.test_checkpoint_dirs import trainer  # the same tiny trainer

@@ -48,6 +48,11 @@ class MPI4PyProcessGroup(GroupChecks, dist.ProcessGroup):
     def getBackendName(self) -> str:
         return NAME
 
+    def shutdown(self) -> None:
+        """torch's ``destroy_process_group`` calls this: the group's communicator goes back to MPI."""
+        if self.comm != MPI.COMM_NULL:  # Free() leaves the handle null: twice is harmless
+            self.comm.Free()
+
     def __repr__(self) -> str:
         return f"<MPI4PyProcessGroup rank={self._rank}/{self._size}>"
 

@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 
 from ..base import CommError, Communicator, Request, check_avg, check_op, displacements, split_counts
-from . import TORCH_BACKENDS
+from . import TORCH_BACKENDS, unavailable
 from .local import Loopback
 from .rendezvous import tcp_store
 from .torch_groups import make_groups
@@ -56,27 +56,6 @@ def _work_wait(work) -> None:
 
 def _work_test(work) -> bool:
     return work.is_completed()
-
-
-def backend_available(name: str) -> bool:
-    if name == "torch-mpi4py":
-        from . import torch_mpi4py  # noqa: F401 - registers the backend; always there
-
-        return True
-    return {"gloo": dist.is_gloo_available, "mpi": dist.is_mpi_available, "nccl": dist.is_nccl_available}[name]()
-
-
-def unavailable(name: str) -> str | None:
-    """Why backend ``name`` cannot run with this torch, and what to use instead; None if it can."""
-    if backend_available(name):
-        return None
-    return {
-        "mpi": "this torch was built without MPI (the pip wheels are); use --backend torch-mpi4py "
-        "(torch.distributed over mpi4py, no build needed), mpi4py (the default) or gloo, or build "
-        "torch from source against your MPI",
-        "nccl": "this torch has no NCCL (a CPU build, or no CUDA); use gloo or mpi4py",
-        "gloo": "this torch was built without gloo",
-    }[name]
 
 
 class TorchDistComm(Communicator):
@@ -106,6 +85,7 @@ class TorchDistComm(Communicator):
         timeout_s: float = 300.0,
         group: dist.ProcessGroup | None = None,
         device: torch.device | None = None,
+        owns_mpi: bool = False,
     ):
         if backend not in TORCH_BACKENDS:
             raise ValueError(f"unknown torch.distributed backend {backend!r}; choose one of {TORCH_BACKENDS}")
@@ -113,7 +93,7 @@ class TorchDistComm(Communicator):
             raise CommError(f"torch.distributed backend {backend!r} is not available: {unavailable(backend)}")
         self.backend = backend
         self.torch_backend = TORCH_NAME.get(backend, backend)
-        self.mpi = mpi
+        self.mpi, self.owns_mpi = mpi, owns_mpi  # owned: made for it (by init or split), closed with it
         self.rank, self.size = mpi.rank, mpi.size
         self.local_rank, self.local_size = mpi.local_rank, mpi.local_size
         self._self = Loopback()
@@ -277,12 +257,29 @@ class TorchDistComm(Communicator):
         if color is None:
             return None
         group = groups[list(parts).index(color)]
-        return TorchDistComm(self.backend, mpi, self.timeout_s, group=group, device=self.device)
+        return TorchDistComm(self.backend, mpi, self.timeout_s, group=group, device=self.device, owns_mpi=True)
 
     def split_type(self, kind="node", key=None):
         key = self._agree_split_type(kind, key)
         node = self.mpi.split_type(kind, key)
-        return self.split(min(node.allgather_obj(self.rank)), key)  # a node is named by its lowest rank here
+        lowest = min(node.allgather_obj(self.rank))  # a node is named by its lowest rank here
+        node.close()
+        return self.split(lowest, key)
+
+    def close(self):
+        """Shuts this communicator's process group down. The first one's is torch's default group:
+        that is destroyed, and every group torch made after it with it (close that one last). A later
+        one's group only shuts down, its connections and duplicates given back: torch names each new
+        group after the number it knows (:mod:`.torch_groups`), so forgetting one would give the next
+        the name, and the store's keys, of an old one. Then ``mpi``, where it was made for this."""
+        group, self.group = self.group, None
+        if group is not None and group == dist.group.WORLD:
+            dist.destroy_process_group()
+        elif group is not None:
+            group.shutdown()
+        if self.owns_mpi:
+            self.owns_mpi = False
+            self.mpi.close()
 
     def abort(self, code=1):
         self.mpi.abort(code)
