@@ -54,6 +54,9 @@ def use(comm) -> None:
     part.allreduce(y)
     assert y.tolist() == [float(part.size)] * 3 and part.size == len(range(comm.rank % 2, n, 2))
     part.close()
+    node = comm.split_type("node")  # a host's ranks (all of them here)
+    assert node.allgather_obj(comm.rank) == list(range(n))
+    node.close()
 
 
 def round_of_init(backend: str) -> None:
