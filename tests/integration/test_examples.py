@@ -38,7 +38,7 @@ def job(n: int) -> tuple[dict[str, str], str]:
         ["04_ring_allreduce.py", "--length", "10007", "--dtype", RING_DTYPE[n], "--iterations", "5"],
         ["05_sgd_by_hand.py", *SGD_ARGS],
     ]
-    words = [w for run in runs for w in (*run, "--")][:-1]
+    words = [w for script, *flags in runs for w in (str(EXAMPLES / script), *flags, "--")][:-1]
     proc = run_mpi(n, RUNNER, *words, env={"OMP_NUM_THREADS": "1"}, timeout=240)
     parts = re.split(rf"^{re.escape(MARK)}(\S+)\n", proc.stdout, flags=re.M)
     outputs = dict(zip(parts[1::2], parts[2::2], strict=True))
