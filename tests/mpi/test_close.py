@@ -3,9 +3,13 @@ communicators in a loop, as a notebook or a sweep does, must not run out of them
 communicator that was only borrowed (COMM_WORLD, a test's fixture) stays usable.
 
 MPI keeps no count of a process's communicators, so the tests count them the one way it allows:
-duplicating until MPI refuses, on a duplicate whose errors return instead of aborting. That is
-quick where the limit is small (MPICH's) and slow where it is large; above ``CAP`` the count is
-skipped, saying so."""
+duplicating until MPI refuses, on a duplicate whose errors return instead of aborting. They
+duplicate COMM_SELF: the ids that tell communicators apart come from one pool per process,
+whichever communicator a new one is made from (MPICH's), so a communicator of the world left
+behind shows as one fewer, and duplicating COMM_SELF waits for no other rank. Duplicating the
+world instead made each count thousands of collectives, slow wherever ranks share cores. That is
+quick where the limit is small (MPICH's) and slow where it is large; above ``CAP``
+the count is skipped, saying so."""
 
 from __future__ import annotations
 
@@ -23,8 +27,8 @@ CAP = 4096  # duplicates tried at most per count
 
 
 def free_communicators() -> int | None:
-    """How many more communicators this process may make now (collective), or None above CAP."""
-    probe = MPI.COMM_WORLD.Dup()
+    """How many more communicators this process may make now, or None above CAP (not collective)."""
+    probe = MPI.COMM_SELF.Dup()
     probe.Set_errhandler(MPI.ERRORS_RETURN)  # a refusal raises here instead of ending the job
     made = []
     try:
