@@ -7,9 +7,9 @@ duplicating until MPI refuses, on a duplicate whose errors return instead of abo
 duplicate COMM_SELF: the ids that tell communicators apart come from one pool per process,
 whichever communicator a new one is made from (MPICH's), so a communicator of the world left
 behind shows as one fewer, and duplicating COMM_SELF waits for no other rank. Duplicating the
-world instead made each count thousands of collectives, slow wherever ranks share cores. That is
-quick where the limit is small (MPICH's) and slow where it is large; above ``CAP``
-the count is skipped, saying so."""
+world instead made each count thousands of collectives, slow wherever ranks share cores. Where
+MPI's limit is large (Open MPI's, Intel MPI's) counting would take a while; above ``CAP`` the count
+is skipped, saying so."""
 
 from __future__ import annotations
 
