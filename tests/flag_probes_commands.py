@@ -58,6 +58,7 @@ PROBES = {
         eval_every=("2", 2),
         ranks=("1,2", [1, 2]),
         transports=("shm", ["shm"]),
+        job_repeats=("2", 2),
     ),
     "mpi-sgd bench grid": command(
         models=("1x8", [(1, 8)]),

@@ -40,6 +40,7 @@ def assemble(args, rows: list[dict], noise: dict, runs: list[dict], cores: int) 
     for j in runs:
         net = Network(j["network"]["alpha"], j["network"]["beta"], j["network"]["gamma"])
         t_sync = AllreduceSync(net, j["grad_bytes"], "ring")(j["ranks"]) if j["ranks"] > 1 else 0.0
+        j["t_sync_predicted"] = t_sync
         j["t_step_predicted"] = j["t_comp_calibrated"] + t_sync
         j["steps_predicted"] = steps_to_target(j["ranks"] * args.batch, s_min, b_noise)
         j["seconds_predicted"] = j["steps_predicted"] * j["t_step_predicted"]
@@ -81,6 +82,13 @@ def targets(args, result: dict) -> list[str]:
             picked = min(mine, key=lambda j: j["seconds_predicted"])["ranks"]
             miss = [] if fastest == picked else [f"model picks R={picked}, R={fastest} was fastest"]
             lines.append(_verdict(f"{transport}: the model names the fastest R", miss))
+    # More ranks than cores take turns on them: every step waits for a rank that is not running,
+    # which neither term of the model describes (T_comp is timed with the ranks at once, but a rank
+    # between two turns is not computing slower, it is not computing at all).
+    cores = result["cores"]
+    if shared := sorted({j["ranks"] for j in result["jobs"] if j["ranks"] > cores}):
+        ranks = ", ".join(f"R={r}" for r in shared)
+        lines.append(f"({ranks}: more ranks than the {cores} cores here take turns on them: the model leaves that out)")
     return lines
 
 
@@ -128,7 +136,9 @@ def render(result: dict) -> list[str]:
     knee = "none" if result["knee"] is None else f"{result['knee']:.3g}"
     out.append(f"fit S(B) = S_min(1 + B_noise/B): S_min {f['s_min']:.3g}, B_noise {f['b_noise']:.3g}; knee of the")
     out.append(f"measured curve {knee}; B_noise measured in training (batch {noise['batch']}): {measured}")
-    out.append(f"\nreal jobs to the target, per-rank batch {result['batch']}; {result['cores']} cores here")
+    repeats = max((len(j.get("repeats", [])) for j in result["jobs"]), default=1)
+    runs = f", the median of {repeats} runs each" if repeats > 1 else ""
+    out.append(f"\nreal jobs to the target, per-rank batch {result['batch']}{runs}; {result['cores']} cores here")
     headers = ("transport", "R", "steps", "predicted", "T_step ms", "predicted", "seconds", "predicted", "error")
     rows = []
     for j in result["jobs"]:
@@ -141,7 +151,29 @@ def render(result: dict) -> list[str]:
             + (_n(secs, ".3f"), f"{j['seconds_predicted']:.3f}", _n(err, "+.0%"))
         )
     out.append(markdown_table(headers, rows))
+    out.extend(step_split(result["jobs"]))
     return [*out, "", *result["targets"]]
+
+
+def step_split(jobs: list[dict]) -> list[str]:
+    """Where each job's step went against the model's two terms: the compute of the slowest rank
+    (against T_comp calibrated with R ranks at once), the all-reduce itself (against the ring
+    formula), and the rest, which the model leaves out: ranks waiting for one another, whose
+    compute varies from step to step, and the loop's own bookkeeping."""
+    headers = ("transport", "R", "T_step ms", "compute", "calibrated", "all-reduce", "modelled", "the rest")
+    rows = []
+    for j in jobs:
+        if j["seconds"] is None or "compute_measured" not in j:
+            continue
+        t_step = j["seconds"] / j["record"]["step"]
+        rest = t_step - j["compute_measured"] - j["allreduce_measured"]
+        ms = [v * 1e3 for v in (t_step, j["compute_measured"], j["t_comp_calibrated"])]
+        ms += [v * 1e3 for v in (j["allreduce_measured"], j["t_sync_predicted"], rest)]
+        rows.append((j["transport"], str(j["ranks"]), *(f"{v:.3f}" for v in ms)))
+    if not rows:
+        return []
+    title = "\nthe measured step split as the model splits it, ms (compute: the slowest rank's median)"
+    return [title, markdown_table(headers, rows)]
 
 
 def plot(result: dict, path: Path) -> None:

@@ -104,11 +104,13 @@ def _run(ranks: int, transport: str, *argv: str) -> None:
     run_job(ranks, *argv, env={"OMP_NUM_THREADS": "1", **TRANSPORTS[transport]}, echo=True)
 
 
-def calibrate(batch: int, ranks: int, args, layers=BENCHMARK_MLP):
-    """T_comp of an MLP of ``layers`` at ``batch`` with ``ranks`` ranks at once, and α, β, γ when ``ranks`` is 2."""
+def calibrate(batch: int, ranks: int, args, layers=BENCHMARK_MLP, strategy: str = "flat"):
+    """T_comp of an MLP of ``layers`` at ``batch`` with ``ranks`` ranks at once, its gradients laid out
+    as ``strategy`` lays them out (the strategy of the run it predicts), and α, β, γ when ``ranks`` is 2."""
     from ..calibrate import Calibration
 
-    path = Path(args.out_dir) / f"calibration-b{batch}-n{ranks}-{'x'.join(map(str, layers))}.json"
+    name = f"calibration-b{batch}-n{ranks}-{'x'.join(map(str, layers))}-{strategy}-{args.transport}.json"
+    path = Path(args.out_dir) / name
     # The network comes from the 2-rank job only; the others time T_comp at their R and sweep nothing.
     sweep = ["--max-bytes", str(args.max_bytes)] if ranks == 2 else ["--t-comp-only"]
     widths = ",".join(map(str, layers))  # by default what --model mlp builds for blobs
@@ -125,7 +127,7 @@ def calibrate(batch: int, ranks: int, args, layers=BENCHMARK_MLP):
         str(batch),
         *sweep,
         "--strategy",
-        "flat",
+        strategy,
     )
     return Calibration.load(path)
 

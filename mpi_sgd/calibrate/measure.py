@@ -72,10 +72,17 @@ def measure_gamma(sizes: Sequence[int] = (1 << 22, 1 << 24, 1 << 26), repeats: i
 
 
 def measure_step(
-    layers: Sequence[int], batch: int, warmup: int = WARMUP_STEPS, iterations: int = 20, strategy: str = "flat"
+    layers: Sequence[int],
+    batch: int,
+    warmup: int = WARMUP_STEPS,
+    iterations: int = 20,
+    strategy: str = "flat",
+    min_seconds: float = 0.5,
 ) -> StepTiming:
     """Median seconds of the trainer's step (forward, backward, SGD with momentum) of an MLP of
-    widths ``layers`` on a random batch, at one rank.
+    widths ``layers`` on a random batch, at one rank: ``iterations`` steps after the warm-up, and
+    more until they took ``min_seconds`` (at most 2000). A small model's step takes a millisecond,
+    so twenty of them would be a sample of 20 ms, which one descheduling on a shared host can move.
 
     It runs :func:`mpi_sgd.trainer.train_step` with gradients laid out as ``strategy`` lays them
     out: the figure is the ``t_comp`` training reports, not a look-alike loop's. The layout
@@ -94,10 +101,14 @@ def measure_step(
     model = MLP(tuple(layers))
     x, y = torch.randn(batch, layers[0]), torch.randint(0, layers[-1], (batch,))
     sync, optimizer = make(strategy, model, LocalComm(), cfg.bucket_mb), make_optimizer(cfg, model)
-    steps = [train_step(model, optimizer, sync, x, y).t_comp for _ in range(warmup + iterations)]
+    for _ in range(warmup):
+        train_step(model, optimizer, sync, x, y)
+    steps: list[float] = []
+    while len(steps) < iterations or (sum(steps) < min_seconds and len(steps) < 2000):
+        steps.append(train_step(model, optimizer, sync, x, y).t_comp)
     params = sum(p.numel() for p in model.parameters())
     name = "mlp " + "-".join(map(str, layers))
-    return StepTiming(statistics.median(steps[warmup:]), batch, params, name, torch.get_num_threads())
+    return StepTiming(statistics.median(steps), batch, params, name, torch.get_num_threads())
 
 
 def calibrate(

@@ -21,7 +21,7 @@ from .conftest import run_cli, widest_line
 def test_goodput_tiny(tmp_path):
     out = run_cli(
         *("bench", "goodput", "--seeds", "1", "--multiples", "1,2,4", "--lrs", "0.03,0.1", "--ranks", "1,2"),
-        *("--transports", "shm", "--max-steps", "400", "--out-dir", str(tmp_path)),
+        *("--transports", "shm", "--max-steps", "400", "--job-repeats", "1", "--out-dir", str(tmp_path)),
     )
     assert out.returncode == 0, out.stdout + out.stderr
     assert widest_line(out.stdout) <= 120

@@ -132,7 +132,7 @@ def test_presets_are_ordered_by_speed():
 
 def test_measurements_at_tiny_sizes():
     assert measure_gamma(sizes=(1 << 12, 1 << 14, 1 << 16), repeats=3) >= 0
-    step = measure_step((8, 16, 4), batch=4, warmup=1, iterations=3)
+    step = measure_step((8, 16, 4), batch=4, warmup=1, iterations=3, min_seconds=0)
     assert step.seconds > 0 and step.params == 8 * 16 + 16 + 16 * 4 + 4 and step.model == "mlp 8-16-4"
 
 
