@@ -36,6 +36,7 @@ from .checkpoint import hold
 from .comm import split_counts
 from .config import TrainConfig
 from .convergence import Convergence
+from .gcpause import frozen_heap
 from .gradsync import GradSync
 from .lateverdict import LateVerdict, wanted
 from .launchers import processes_line
@@ -275,7 +276,7 @@ class Trainer:
         cfg = self.cfg
         for line in self.conv.describe() if self.comm.is_root else ():
             print(line, flush=True)
-        with Preemption(self.comm, self.dataset.x.device) as self.preemption:
+        with Preemption(self.comm, self.dataset.x.device) as self.preemption, frozen_heap():
             while self.epoch < cfg.epochs and not self._done():
                 self._run_epoch(self.epoch)
                 if self.step_in_epoch == self.steps_this_epoch:

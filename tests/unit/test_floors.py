@@ -40,6 +40,7 @@ FLOORS = (
         "lrschedule",
         "target",
         "preemption",
+        "gcpause",
         "optimizers",
     ),
     ("gradsync", "pipeline", "paramserver", "zero"),  # parallelism strategies

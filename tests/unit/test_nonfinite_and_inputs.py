@@ -246,3 +246,28 @@ def test_a_pt_files_tensors_are_real_numbers_and_data_not_a_graph(tmp_path):
 def test_plausible_labels_pass():
     y = torch.tensor([0, 2, 3, 2, 0])  # class 1 absent: 3 of 4 classes occur, fine
     data.check_labels(y, "f.npz")
+
+
+def test_training_runs_with_the_heap_frozen_and_hands_it_back():
+    # A full collection walks every object torch's import made; frozen, they are not walked while
+    # training (mpi_sgd/gcpause.py). Afterwards the process is as it was.
+    import gc
+
+    t = trainer(toy(), epochs=1)
+    seen = []
+    t.model.register_forward_hook(lambda *_: seen.append(gc.get_freeze_count()))
+    assert gc.get_freeze_count() == 0
+    t.train()
+    assert seen and min(seen) > 1000, seen[:3]
+    assert gc.get_freeze_count() == 0
+
+
+def test_a_heap_frozen_by_the_caller_stays_frozen():
+    import gc
+
+    gc.freeze()
+    try:
+        trainer(toy(), epochs=1).train()
+        assert gc.get_freeze_count() > 0  # not handed back: the caller's objects are among them
+    finally:
+        gc.unfreeze()
