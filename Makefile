@@ -101,7 +101,7 @@ COMPILE = $(PY) -m compileall -qq -j 0 "$$($(PY) -c 'import sysconfig; print(sys
 
 # The project's extras the venv gets: the test tools always, and the docs tools too when a target
 # that needs them (make test, make docs) is what makes the venv, so that one pip install and one
-# byte-compile do both, not two of each (about 20 s less on a fresh clone).
+# byte-compile do both, not two of each (docs/contributing/tests.md has what that saved).
 EXTRAS := test
 test docs docs-serve docs-shots test-docs-slow: EXTRAS := test,docs
 

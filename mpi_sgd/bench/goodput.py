@@ -171,9 +171,9 @@ def job(ranks: int, transport: str, lr: float, args, repeat: int = 0) -> dict:
 
 def median_run(runs: list[dict]) -> tuple[dict, list[float | None]]:
     """The run of median time to the target (a missed target counting as the longest), and every
-    run's training seconds. A job of this model lasts about a second, so one rank descheduled for
-    a tenth of a second on a shared host moves a single run's time by a third; the median of a few
-    is the run the model should be held to."""
+    run's training seconds. A job of this model is over in moments, so one rank descheduled for a
+    while on a shared host moves a single run's time by a large part; the median of a few is the
+    run the model should be held to."""
 
     def seconds(m: dict) -> float | None:
         rec = m["time_to_target"]

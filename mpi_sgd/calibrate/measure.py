@@ -81,8 +81,8 @@ def measure_step(
 ) -> StepTiming:
     """Median seconds of the trainer's step (forward, backward, SGD with momentum) of an MLP of
     widths ``layers`` on a random batch, at one rank: ``iterations`` steps after the warm-up, and
-    more until they took ``min_seconds`` (at most 2000). A small model's step takes a millisecond,
-    so twenty of them would be a sample of 20 ms, which one descheduling on a shared host can move.
+    more until they took ``min_seconds`` (at most 2000). A small model's step is so short that a
+    fixed count of them can be a sample shorter than one descheduling on a shared host.
 
     It runs :func:`mpi_sgd.trainer.train_step` with gradients laid out as ``strategy`` lays them
     out: the figure is the ``t_comp`` training reports, not a look-alike loop's. The layout
@@ -104,8 +104,10 @@ def measure_step(
     for _ in range(warmup):
         train_step(model, optimizer, sync, x, y)
     steps: list[float] = []
-    while len(steps) < iterations or (sum(steps) < min_seconds and len(steps) < 2000):
+    total = 0.0
+    while len(steps) < iterations or (total < min_seconds and len(steps) < 2000):
         steps.append(train_step(model, optimizer, sync, x, y).t_comp)
+        total += steps[-1]
     params = sum(p.numel() for p in model.parameters())
     name = "mlp " + "-".join(map(str, layers))
     return StepTiming(statistics.median(steps), batch, params, name, torch.get_num_threads())
