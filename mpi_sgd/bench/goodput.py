@@ -174,13 +174,9 @@ def median_run(runs: list[dict]) -> tuple[dict, list[float | None]]:
     run's training seconds. A job of this model is over in moments, so one rank descheduled for a
     while on a shared host moves a single run's time by a large part; the median of a few is the
     run the model should be held to."""
-
-    def seconds(m: dict) -> float | None:
-        rec = m["time_to_target"]
-        return rec["wall_s"] - rec.get("eval_s", 0.0) if rec["reached"] else None
-
-    ordered = sorted(runs, key=lambda m: (seconds(m) is None, seconds(m) or 0.0))
-    return ordered[(len(ordered) - 1) // 2], [seconds(m) for m in runs]
+    seconds = [report.training_seconds(m["time_to_target"]) for m in runs]
+    order = sorted(range(len(runs)), key=lambda i: (seconds[i] is None, seconds[i] or 0.0))
+    return runs[order[(len(order) - 1) // 2]], seconds
 
 
 def step_parts(t_comp: list[list[float]], t_sync: list[list[float]]) -> dict:

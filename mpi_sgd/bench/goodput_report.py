@@ -25,8 +25,14 @@ def knee(rows: list[dict]) -> float | None:
     return None
 
 
+def training_seconds(record: dict) -> float | None:
+    """A job's seconds to the target, scoring the held-out set left out; None if it missed."""
+    return record["wall_s"] - record.get("eval_s", 0.0) if record["reached"] else None
+
+
 def assemble(args, rows: list[dict], noise: dict, runs: list[dict], cores: int) -> dict:
     result = {"batch": args.batch, "target_val_loss": args.target_val_loss, "rule": args.rule, "cores": cores}
+    result["job_repeats"] = args.job_repeats
     result.update(rows=rows, noise=noise, knee=knee(rows), fit=None)
     try:
         s_min, b_noise = fit([(r["batch"], r["steps"]) for r in rows if r["steps"] is not None])
@@ -44,8 +50,8 @@ def assemble(args, rows: list[dict], noise: dict, runs: list[dict], cores: int) 
         j["t_step_predicted"] = j["t_comp_calibrated"] + t_sync
         j["steps_predicted"] = steps_to_target(j["ranks"] * args.batch, s_min, b_noise)
         j["seconds_predicted"] = j["steps_predicted"] * j["t_step_predicted"]
-        rec = j["record"]
-        j["seconds"] = rec["wall_s"] - rec.get("eval_s", 0.0) if rec["reached"] else None
+        j["seconds"] = training_seconds(j["record"])
+        j["t_step"] = None if j["seconds"] is None else j["seconds"] / j["record"]["step"]
     result["jobs"] = runs
     result["targets"] = targets(args, result)
     return result
@@ -136,18 +142,18 @@ def render(result: dict) -> list[str]:
     knee = "none" if result["knee"] is None else f"{result['knee']:.3g}"
     out.append(f"fit S(B) = S_min(1 + B_noise/B): S_min {f['s_min']:.3g}, B_noise {f['b_noise']:.3g}; knee of the")
     out.append(f"measured curve {knee}; B_noise measured in training (batch {noise['batch']}): {measured}")
-    repeats = max((len(j.get("repeats", [])) for j in result["jobs"]), default=1)
+    repeats = result["job_repeats"]
     runs = f", the median of {repeats} runs each" if repeats > 1 else ""
     out.append(f"\nreal jobs to the target, per-rank batch {result['batch']}{runs}; {result['cores']} cores here")
     headers = ("transport", "R", "steps", "predicted", "T_step ms", "predicted", "seconds", "predicted", "error")
     rows = []
     for j in result["jobs"]:
         rec, secs = j["record"], j["seconds"]
-        t_step = secs / rec["step"] * 1e3 if secs is not None else None
         err = None if secs is None else j["seconds_predicted"] / secs - 1
+        step_ms = None if j["t_step"] is None else j["t_step"] * 1e3
         rows.append(
             (j["transport"], str(j["ranks"]), _n(rec["step"] if rec["reached"] else None, "g"))
-            + (f"{j['steps_predicted']:.0f}", _n(t_step, ".3f"), f"{j['t_step_predicted'] * 1e3:.3f}")
+            + (f"{j['steps_predicted']:.0f}", _n(step_ms, ".3f"), f"{j['t_step_predicted'] * 1e3:.3f}")
             + (_n(secs, ".3f"), f"{j['seconds_predicted']:.3f}", _n(err, "+.0%"))
         )
     out.append(markdown_table(headers, rows))
@@ -163,11 +169,10 @@ def step_split(jobs: list[dict]) -> list[str]:
     headers = ("transport", "R", "T_step ms", "compute", "calibrated", "all-reduce", "modelled", "the rest")
     rows = []
     for j in jobs:
-        if j["seconds"] is None or "compute_measured" not in j:
+        if j["t_step"] is None:
             continue
-        t_step = j["seconds"] / j["record"]["step"]
-        rest = t_step - j["compute_measured"] - j["allreduce_measured"]
-        ms = [v * 1e3 for v in (t_step, j["compute_measured"], j["t_comp_calibrated"])]
+        rest = j["t_step"] - j["compute_measured"] - j["allreduce_measured"]
+        ms = [v * 1e3 for v in (j["t_step"], j["compute_measured"], j["t_comp_calibrated"])]
         ms += [v * 1e3 for v in (j["allreduce_measured"], j["t_sync_predicted"], rest)]
         rows.append((j["transport"], str(j["ranks"]), *(f"{v:.3f}" for v in ms)))
     if not rows:

@@ -20,7 +20,9 @@ def draw(result: dict):
         s_min, b_noise = result["fit"]["s_min"], result["fit"]["b_noise"]
         a.plot(batches, [steps_to_target(x, s_min, b_noise) for x in batches], "-", label="S_min(1 + B_noise/B)")
         a.axvline(b_noise, color="grey", ls=":", label=f"B_noise {b_noise:.3g}")
-    a.set(xscale="log", yscale="log", xlabel="global batch", ylabel="steps to the target", title="steps against batch")
+    if any(r["steps"] or r["rule_steps"] for r in rows):  # a run where every batch missed has nothing to scale
+        a.set(xscale="log", yscale="log")
+    a.set(xlabel="global batch", ylabel="steps to the target", title="steps against batch")
     a.legend(fontsize=8)
     for transport in sorted({j["transport"] for j in result.get("jobs", [])}):
         mine = [j for j in result["jobs"] if j["transport"] == transport and "seconds_predicted" in j]
@@ -28,6 +30,7 @@ def draw(result: dict):
         got = [j for j in mine if j["seconds"] is not None]
         b.plot([j["ranks"] for j in got], [j["seconds"] for j in got], "o", label=f"{transport}: measured")
     b.set(xlabel="ranks R", ylabel="seconds to the target", title="time to the target against R")
-    b.legend(fontsize=8)
+    if b.lines:  # no jobs without a fit
+        b.legend(fontsize=8)
     fig.tight_layout()
     return fig

@@ -339,3 +339,14 @@ def test_svg_figures_are_the_same_file_when_drawn_again(tmp_path):
     a = save(ring.draw(textbook_ring(3)), tmp_path / "a.svg", prov).read_bytes()
     b = save(ring.draw(textbook_ring(3)), tmp_path / "b.svg", prov).read_bytes()
     assert a == b and b"<svg" in a and "Σ".encode() in a  # text kept as text
+
+
+def test_time_to_target_figure_draws_a_run_where_every_batch_missed(tmp_path):
+    # bench goodput saves its figure after printing "no fit": with no steps to plot, log axes have
+    # nothing to scale (matplotlib raised), and the run ended in a traceback after its tables.
+    from mpi_sgd.figures import goodput
+
+    rows = [{"batch": b, "steps": None, "rule_steps": None} for b in (8, 16)]
+    fig = goodput.draw({"rows": rows, "rule": "sqrt", "fit": None, "jobs": []})
+    fig.savefig(tmp_path / "t.png")
+    assert fig.axes[0].get_xscale() == "linear"
