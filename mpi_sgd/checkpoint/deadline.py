@@ -7,9 +7,12 @@ every rank enters at the same point (the end of :func:`~mpi_sgd.checkpoint.save_
 gathers): the root writes from a thread of its own and waits for it at most ``--save-timeout``
 seconds; every rank then takes the outcome in one broadcast, during which each watchdog (see
 :meth:`~mpi_sgd.comm.wrappers.watchdog.Watchdog.patient`) is patient for the save's deadline plus
-:data:`MARGIN`. The root alone decides that a save has hung, names its path and ends the job; a
-save that fails (a full disk) reaches every rank as the same one-line
-:class:`~mpi_sgd.checkpoint.store.CheckpointError`.
+:data:`MARGIN`. The other ranks wait for the root in a barrier they poll, sleeping between polls
+(:func:`~mpi_sgd.comm.polling.wait_idle`): a blocking MPI call would spin for the whole write on
+a core of its own, and where ranks share cores it takes time from the root that writes.
+
+The root alone decides that a save has hung, names its path and ends the job; a save that fails
+(a full disk) reaches every rank as the same one-line :class:`~mpi_sgd.checkpoint.store.CheckpointError`.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import sys
 import threading
 import time
 
+from ..comm.polling import Backoff, wait_idle
 from .store import CheckpointError
 
 MARGIN = 30.0  # seconds the waiting ranks allow beyond the deadline, so that the root's verdict comes first
@@ -47,6 +51,11 @@ def run(comm, write, what: str, timeout: float, root: int = 0):
         for wd in _watchdogs(comm):
             stack.enter_context(wd.patient(patience))
         result, failure = _on_root(comm, write, what, timeout) if comm.rank == root else (None, None)
+        # The root enters the barrier when its write is over; past the watchdog's patience the
+        # wait becomes a blocking one, which the watchdog watches and reports.
+        written = comm.ibarrier()
+        if not wait_idle(written, patience, Backoff(spins=100, cap=0.005)):
+            written.wait()
         failure = comm.bcast_obj(failure, root)
     if failure:
         raise CheckpointError(failure)

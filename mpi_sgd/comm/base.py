@@ -238,6 +238,13 @@ class Communicator(abc.ABC):
     @abc.abstractmethod
     def barrier(self) -> None: ...
 
+    def ibarrier(self) -> Request:
+        """A barrier to wait for by polling: the ranks that arrive early can sleep between polls
+        (:func:`~mpi_sgd.comm.polling.wait_idle`) instead of spinning in a blocking call. A backend
+        without one runs the blocking barrier."""
+        self.barrier()
+        return Request.completed()
+
     @abc.abstractmethod
     def abort(self, code: int = 1) -> None:
         """End every rank of the job now, those outside this communicator too (a sub-communicator's

@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import time
 
+from ..comm.polling import Backoff
+
 HELLO, PUSH, DONE, WAITING = 7001, 7002, 7003, 7004
 PARAMS, STOP, HOLD, FINAL, FINAL_LOST = 7011, 7012, 7013, 7014, 7015
 SHARD, STATS, SNAPSHOT_VERSIONS, SNAPSHOTS = 7021, 7022, 7023, 7024
@@ -54,23 +56,6 @@ class ServerLost(RuntimeError):
 
 class ProtocolError(RuntimeError):
     """A message that cannot be right: an unknown tag, a wrong length, a gradient that is not finite."""
-
-
-class Backoff:
-    """Spin for the first ``spins`` polls, then sleep between polls, doubling up to ``cap`` seconds."""
-
-    def __init__(self, spins: int = 500, first: float = 50e-6, cap: float = 500e-6):
-        self.spins, self.first, self.cap = spins, first, cap
-        self.reset()
-
-    def reset(self) -> None:
-        self._polls, self._sleep = 0, self.first
-
-    def pause(self) -> None:
-        self._polls += 1
-        if self._polls > self.spins:
-            time.sleep(self._sleep)
-            self._sleep = min(self.cap, 2 * self._sleep)
 
 
 def wait_until(request, deadline: float) -> bool:

@@ -13,7 +13,8 @@ import time
 
 import torch
 
-from .protocol import COLLECT, NAMES, SHARD, SNAPSHOT_VERSIONS, SNAPSHOTS, STATS, Backoff, ServerLost, wait_until
+from ..comm.polling import Backoff
+from .protocol import COLLECT, NAMES, SHARD, SNAPSHOT_VERSIONS, SNAPSHOTS, STATS, ServerLost, wait_until
 
 
 def send(server) -> None:

@@ -34,6 +34,7 @@ from collections import Counter
 
 import torch
 
+from ..comm.polling import Backoff
 from . import results
 from .budget import Budget
 from .peers import COMPUTING, FINISHED, HELD, LOST, NEW, PENDING, SERVING, Peer
@@ -49,7 +50,6 @@ from .protocol import (
     PUSH,
     STOP,
     WAITING,
-    Backoff,
     ProtocolError,
     in_flight,
     wait_until,

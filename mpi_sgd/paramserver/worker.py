@@ -19,6 +19,7 @@ import torch
 from torch.nn import functional as F
 
 from .. import data
+from ..comm.polling import Backoff
 from .flat import flatten
 from .protocol import (
     DONE,
@@ -31,7 +32,6 @@ from .protocol import (
     PUSH,
     STOP,
     WAITING,
-    Backoff,
     ProtocolError,
     ServerLost,
     in_flight,

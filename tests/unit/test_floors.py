@@ -154,7 +154,7 @@ def test_the_library_never_reaches_into_examples(path):
 # face, init(), which picks and stacks them.
 COMM_FLOORS = (
     ("errors", "split"),
-    ("base", "buffers", "gpu"),
+    ("base", "buffers", "gpu", "polling"),
     ("shm",),
     ("backends",),
     ("wrappers",),

@@ -79,6 +79,7 @@ def every_call(comm) -> list[tuple]:
     comm.ireduce_scatter(x, x, [3], "avg").wait()
     comm.iallgather(x, slot).wait()
     comm.barrier()
+    comm.ibarrier().wait()
     comm.where("forward", 3)
     assert comm.bcast_obj("o", 0) == "o" and comm.allgather_obj(1) == [1] and comm.gather_obj(2, 0) == [2]
     assert comm.wtime() > 0
@@ -108,6 +109,7 @@ def every_call(comm) -> list[tuple]:
         "ireduce_scatter",
         "iallgather",
         "barrier",
+        "ibarrier",
         "where",
         "bcast_obj",
         "allgather_obj",

@@ -267,6 +267,9 @@ class MPIComm(Communicator):
     def barrier(self):
         self.comm.Barrier()
 
+    def ibarrier(self):
+        return Request(self.comm.Ibarrier(), _wait, _test)
+
     def abort(self, code=1):
         # The whole job, whatever this communicator spans: the standard promises only a best attempt
         # at the ranks of the communicator given (MPICH and Open MPI end the job today, as a choice).

@@ -246,6 +246,9 @@ class TorchDistComm(Communicator):
     def barrier(self):
         dist.barrier(self.group)
 
+    def ibarrier(self):
+        return self.mpi.ibarrier()  # over MPI, as the objects go: the same processes, no device to pick
+
     # -- sub-communicators: an MPI part for rank, size and objects, a torch group for the rest --
     def split(self, color, key=None):
         parts = self._agree_split(color, key)

@@ -204,6 +204,9 @@ class Watchdog(CommWrapper):
     def barrier(self):
         return self._blocking("barrier", "", self.inner.barrier)
 
+    def ibarrier(self):
+        return self._nonblocking("ibarrier", "", self.inner.ibarrier)
+
     def bcast_obj(self, obj, root=0):
         return self._blocking("bcast_obj", f"root {root}", self.inner.bcast_obj, obj, root)
 

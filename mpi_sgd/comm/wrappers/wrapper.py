@@ -189,6 +189,9 @@ class CommWrapper(Communicator):
     def barrier(self) -> None:
         return self.inner.barrier()
 
+    def ibarrier(self) -> Request:
+        return self.inner.ibarrier()
+
     def abort(self, code: int = 1) -> None:
         return self.inner.abort(code)
 
