@@ -12,6 +12,9 @@ What is alive at the start (modules, the model, the data, the optimizer) is mean
 as training does, and garbage among it is not lost: :func:`gc.unfreeze` hands it all back when
 training ends, so a script that goes on is the process it was. torchtitan answers the same
 stragglers by turning automatic collection off and collecting on every rank at the same steps.
+
+Used by the trainer, the parameter server's training (a server's collection keeps every worker
+waiting) and the benchmarks' interleaved blocks (:func:`mpi_sgd.timing.time_interleaved`).
 """
 
 from __future__ import annotations

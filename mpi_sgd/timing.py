@@ -25,6 +25,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from .comm import Communicator
+from .gcpause import frozen_heap
 
 # Steps or calls left out of every timing summary (the trainer's, calibration's, bench sgd's):
 # the first ones pay for allocation, page faults and connection set-up.
@@ -83,20 +84,21 @@ def time_interleaved(
     per_block = max(1, iterations // rounds)
     blocks: dict[str, list[float]] = {name: [] for name in calls}
     names = list(calls)
-    for r in range(rounds):
-        # Rotate who goes first: the block after a barrier, or after another implementation has
-        # just churned the caches, is not the same for everyone, so no position is favoured.
-        for name in names[r % len(names) :] + names[: r % len(names)]:
-            fn = calls[name]
-            comm.barrier()
-            if sync:
-                sync()
-            t0 = comm.wtime()
-            for _ in range(per_block):
-                fn()
-            if sync:
-                sync()
-            blocks[name].append((comm.wtime() - t0) / per_block)
+    with frozen_heap():  # no block pays for a full collection of what the warm-up left alive
+        for r in range(rounds):
+            # Rotate who goes first: the block after a barrier, or after another implementation has
+            # just churned the caches, is not the same for everyone, so no position is favoured.
+            for name in names[r % len(names) :] + names[: r % len(names)]:
+                fn = calls[name]
+                comm.barrier()
+                if sync:
+                    sync()
+                t0 = comm.wtime()
+                for _ in range(per_block):
+                    fn()
+                if sync:
+                    sync()
+                blocks[name].append((comm.wtime() - t0) / per_block)
     return {name: across_ranks(comm, statistics.median(times), times) for name, times in blocks.items()}
 
 

@@ -15,6 +15,7 @@ from torch.nn import functional as F
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from .. import data, optimizers
+from ..gcpause import frozen_heap
 from ..replicas import broadcast_parameters
 from . import results
 from .config import AsyncConfig
@@ -67,17 +68,20 @@ def train(comm, model: torch.nn.Module, dataset: data.Dataset, cfg: AsyncConfig)
     cfg.check_world(comm.size)
     data.check_size(len(dataset), cfg.workers(comm.size), cfg.batch_size)
     if comm.size == 1:
-        return _alone(model, dataset, cfg)
+        with frozen_heap():
+            return _alone(model, dataset, cfg)
     broadcast_parameters(model, comm)
     bounds = shards(sum(p.numel() for p in model.parameters()), cfg.servers)
-    if comm.rank < cfg.servers:
-        server = Server(comm, parameters_to_vector(model.parameters()).detach(), cfg, comm.rank, bounds)
-        comm.barrier()  # set-up can take seconds (first imports); timeouts count from here
-        result = _serve(comm, model, cfg, server)
-    else:
-        worker = Worker(comm, model, dataset, cfg, bounds)
-        comm.barrier()
-        result = _work(comm, worker)
+    # A server's full collection keeps every worker waiting for its answer (mpi_sgd.gcpause).
+    with frozen_heap():
+        if comm.rank < cfg.servers:
+            server = Server(comm, parameters_to_vector(model.parameters()).detach(), cfg, comm.rank, bounds)
+            comm.barrier()  # set-up can take seconds (first imports); timeouts count from here
+            result = _serve(comm, model, cfg, server)
+        else:
+            worker = Worker(comm, model, dataset, cfg, bounds)
+            comm.barrier()
+            result = _work(comm, worker)
     _at_exit(bool(result.lost))
     return result
 
