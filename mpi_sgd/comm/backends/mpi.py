@@ -9,6 +9,9 @@ user-defined ops (:mod:`.mpitypes`). A CUDA tensor does too when the MPI library
 through host memory. Everything else (numpy arrays; tensors that fail a check, which then get the
 error that says why) goes through :func:`mpi_sgd.comm.buffers.as_array`. "avg" is MPI's SUM
 followed by an in-place division, since MPI has no average op.
+
+Why one module of over 300 lines: it is one class that implements the whole seam, a few lines a
+call; split, one backend would be read in two places.
 """
 
 from __future__ import annotations
