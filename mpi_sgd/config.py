@@ -99,8 +99,8 @@ class TrainConfig:
     )
     save_timeout: float = _flag(
         600.0,
-        "seconds one checkpoint save may take; the watchdog waits for it that long, and a save still writing "
-        "then is reported as hung, naming the path, and ends the job (0: no limit)",
+        "seconds one checkpoint save (or the read of one to resume) may take; the watchdog waits for it that "
+        "long, and a save still writing then is reported as hung, naming the path, and ends the job (0: no limit)",
     )
     lr_scaling: str = _flag(
         "none", "scale --lr with the global batch R*B against --base-batch: none, linear (Goyal et al.) or sqrt"

@@ -243,6 +243,23 @@ CHECKPOINT_CASES = (
         args=(*CK, "--save-timeout", "2"),
         env={"MPI_SGD_SAVE_FAULT": "slow:600"},
     ),
+    # rank 0 reads (and refuses) the checkpoint for longer than the others' --stall-timeout: a
+    # read, not a stall; its outcome reaches every rank
+    Case(
+        "slow read on resume (6 s)",
+        r".*none of the 1 checkpoint.* can be read.*",
+        status="2",
+        args=(*CK, "--resume", "auto"),
+        env={"MPI_SGD_SAVE_FAULT": "slow-read:6"},
+        setup=_only_unreadable,
+    ),
+    Case(
+        "hung read on resume",
+        r"checkpoint read hung: reading checkpoint .*",
+        args=(*CK, "--resume", "auto", "--save-timeout", "2"),
+        env={"MPI_SGD_SAVE_FAULT": "slow-read:600"},
+        setup=_only_unreadable,
+    ),
     Case(
         "disk full during a save",
         r".*no space left on the device; the checkpoint needs \d+ bytes.*",

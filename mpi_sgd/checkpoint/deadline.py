@@ -1,4 +1,4 @@
-"""A save with a deadline of its own, which the stall watchdog never takes for a stall.
+"""A save (or a read) with a deadline of its own, which the stall watchdog never takes for a stall.
 
 Only the root writes a checkpoint; the other ranks would go on to the next step's all-reduce and
 wait there while it writes, and a write longer than ``--stall-timeout`` (a large model, slow
@@ -10,6 +10,10 @@ seconds; every rank then takes the outcome in one broadcast, during which each w
 :data:`MARGIN`. The other ranks wait for the root in a barrier they poll, sleeping between polls
 (:func:`~mpi_sgd.comm.polling.wait_idle`): a blocking MPI call would spin for the whole write on
 a core of its own, and where ranks share cores it takes time from the root that writes.
+
+Reading a checkpoint to resume is the same section the other way round: the root reads and
+verifies the file while the others wait for the bytes (:func:`mpi_sgd.checkpoint.load`), within
+the same deadline.
 
 The root alone decides that a save has hung, names its path and ends the job; a save that fails
 (a full disk) reaches every rank as the same one-line :class:`~mpi_sgd.checkpoint.store.CheckpointError`.
@@ -38,19 +42,19 @@ def _watchdogs(comm):
         comm = vars(comm).get("inner")
 
 
-def run(comm, write, what: str, timeout: float, root: int = 0):
+def run(comm, write, what: str, timeout: float, root: int = 0, kind: str = "save"):
     """Call ``write()`` on ``root`` (``what``: "saving step N to DIR", for messages) within
     ``timeout`` seconds (0: no limit); every rank returns its result's outcome alike.
 
     Returns what ``write`` returned on the root (None elsewhere); raises :class:`CheckpointError`
-    on every rank if it raised one. A write still running after ``timeout`` is reported as a hung
-    save and the job is aborted.
+    on every rank if it raised one. A call still running after ``timeout`` is reported as a hung
+    ``kind`` ("save" or "read") and the job is aborted.
     """
     patience = timeout + MARGIN if timeout > 0 else float("inf")
     with contextlib.ExitStack() as stack:
         for wd in _watchdogs(comm):
             stack.enter_context(wd.patient(patience))
-        result, failure = _on_root(comm, write, what, timeout) if comm.rank == root else (None, None)
+        result, failure = _on_root(comm, write, what, timeout, kind) if comm.rank == root else (None, None)
         # The root enters the barrier when its write is over; past the watchdog's patience the
         # wait becomes a blocking one, which the watchdog watches and reports.
         written = comm.ibarrier()
@@ -62,7 +66,7 @@ def run(comm, write, what: str, timeout: float, root: int = 0):
     return result
 
 
-def _on_root(comm, write, what: str, timeout: float):
+def _on_root(comm, write, what: str, timeout: float, kind: str):
     done: dict = {}
     finished = threading.Event()
 
@@ -71,21 +75,22 @@ def _on_root(comm, write, what: str, timeout: float):
             done["result"] = write()
         except CheckpointError as e:
             done["failure"] = str(e)
-        except Exception as e:  # noqa: BLE001 (any failure of a save is told to every rank, in one line)
+        except Exception as e:  # noqa: BLE001 (any failure is told to every rank, in one line)
             done["failure"] = f"{what} failed: {e!r}"
         finally:
             finished.set()
 
     started = time.monotonic()
-    thread = threading.Thread(target=body, name="checkpoint-save", daemon=True)
+    thread = threading.Thread(target=body, name=f"checkpoint-{kind}", daemon=True)
     thread.start()
     # Wait for the write, not for the thread's end: under Intel MPI, three ranks on two cores, a
     # root once waited in join() for a save thread that was no longer in Python (faulthandler
     # listed no such thread) while the others waited for its verdict, until the test's timeout.
     if not finished.wait(timeout if timeout > 0 else None):
+        stays = ", the previous checkpoint stays" if kind == "save" else ""
         print(
-            f"checkpoint save hung: {what} has not finished after {time.monotonic() - started:.0f} s "
-            f"(--save-timeout {timeout:g}); ending the job, the previous checkpoint stays",
+            f"checkpoint {kind} hung: {what} has not finished after {time.monotonic() - started:.0f} s "
+            f"(--save-timeout {timeout:g}); ending the job{stays}",
             file=sys.stderr,
             flush=True,
         )

@@ -16,7 +16,8 @@ import sys
 
 import torch
 
-from .store import CheckpointError, checkpoints, is_store, latest, newest_valid, read_verified
+from . import deadline
+from .store import CheckpointError, checkpoints, injected_read_delay, is_store, latest, newest_valid, read_verified
 
 
 def serialize(state) -> bytes:
@@ -64,6 +65,7 @@ def read(path: str, auto: bool = False, warn=None) -> tuple[str, bytes, dict | N
     ``DIR`` holding only unreadable ones raises, unless ``auto`` is ``"or-fresh"``.
     """
     warn = warn or (lambda text: print(text, file=sys.stderr, flush=True))
+    injected_read_delay()
     if os.path.isdir(path) and is_store(path):
         if auto:
             return newest_valid(path, warn, fresh_ok=auto == "or-fresh")
@@ -85,25 +87,32 @@ def read_state(path: str):
     return deserialize(blob, where)
 
 
-def load(path: str, comm, root: int = 0, auto: bool = False):
+def load(path: str, comm, root: int = 0, auto: bool = False, timeout: float = 0.0):
     """``(state, meta, checkpoint path)`` on every rank, read and verified by ``root``; None if
-    ``auto`` found no checkpoint. Errors reach every rank alike (:class:`CheckpointError`)."""
+    ``auto`` found no checkpoint. Errors reach every rank alike (:class:`CheckpointError`).
+
+    The read is a section with a deadline of its own (:mod:`.deadline`): the other ranks wait for
+    it asleep, their watchdogs allow it ``timeout`` seconds (0: no limit; the trainer passes
+    ``--save-timeout``), and a read still going then is reported as hung, naming the path.
+    """
     header = torch.zeros(4, dtype=torch.int64)  # status (0 none, 1 ok, 2 error), len(path), len(meta), len(state)
-    payload = b""
-    if comm.rank == root:
+
+    def read_on_root() -> bytes:
         try:
             found = read(path, auto)
             if found is None:
-                header[0] = 0
-            else:
-                where, blob, meta = found
-                parts = [where.encode(), json.dumps(meta).encode(), blob]
-                header[:] = torch.tensor([1, *map(len, parts)])
-                payload = b"".join(parts)
+                return b""
+            where, blob, meta = found
+            parts = [where.encode(), json.dumps(meta).encode(), blob]
+            header[:] = torch.tensor([1, *map(len, parts)])
+            return b"".join(parts)
         except (CheckpointError, OSError) as e:  # every failure becomes the same one line on every rank
             text = str(e) if isinstance(e, CheckpointError) else f"cannot read checkpoint {path!r}: {e}"
-            payload = text.encode()
-            header[:] = torch.tensor([2, len(payload), 0, 0])
+            header[:] = torch.tensor([2, len(text.encode()), 0, 0])
+            return text.encode()
+
+    what = f"reading checkpoint {path!r}"
+    payload = deadline.run(comm, read_on_root, what, timeout, root, "read")  # None but on the root
     comm.broadcast(header, root)
     status, n_path, n_meta, n_state = header.tolist()
     if status == 0:

@@ -148,23 +148,24 @@ def _publish(tmp: str, directory: str, step: int, keep: int) -> str:
 
 
 def save_fault() -> tuple[str, float] | None:
-    """``MPI_SGD_SAVE_FAULT``, the test hook that makes saves fail as storage does: ``slow:SECONDS``
-    (each save first sleeps that long: a slow or hung file system) or ``full`` (each save fails as
-    on a full disk, after writing half its state). None when unset; ValueError, one line, when bad."""
+    """``MPI_SGD_SAVE_FAULT``, the test hook that makes storage misbehave: ``slow:SECONDS`` (each
+    save first sleeps that long: a slow or hung file system), ``slow-read:SECONDS`` (each read of a
+    checkpoint does) or ``full`` (each save fails as on a full disk, after writing half its state).
+    None when unset; ValueError, one line, when bad."""
     text = os.environ.get(SAVE_FAULT, "").strip()
     if not text:
         return None
     kind, _, arg = text.partition(":")
     if kind == "full" and not arg:
         return "full", 0.0
-    if kind == "slow":
+    if kind in ("slow", "slow-read"):
         try:
             seconds = float(arg)
         except ValueError:
             seconds = -1.0
         if seconds >= 0:
-            return "slow", seconds
-    raise ValueError(f"{SAVE_FAULT}={text!r}: expected slow:SECONDS (e.g. slow:30) or full")
+            return kind, seconds
+    raise ValueError(f"{SAVE_FAULT}={text!r}: expected slow:SECONDS (e.g. slow:30), slow-read:SECONDS or full")
 
 
 def _injected_fault(tmp: str, size: int) -> None:
@@ -174,10 +175,18 @@ def _injected_fault(tmp: str, size: int) -> None:
     kind, seconds = fault
     if kind == "slow":
         time.sleep(seconds)
+    if kind != "full":
         return
     os.mkdir(tmp)
     _write(os.path.join(tmp, STATE), b"\0" * (size // 2))  # what a disk filling up mid-write leaves
     raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), STATE)
+
+
+def injected_read_delay() -> None:
+    """The test hook's ``slow-read:SECONDS``: a read of a checkpoint first sleeps that long."""
+    fault = save_fault()
+    if fault is not None and fault[0] == "slow-read":
+        time.sleep(fault[1])
 
 
 def checkpoints(directory: str) -> list[str]:

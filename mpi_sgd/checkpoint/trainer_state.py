@@ -126,7 +126,7 @@ def resume(path: str, comm, model, optimizer, amp, cfg, auto: bool | str = False
     every rank alike, for one that cannot be read or fails its checksum, and one written for
     another model or optimizer.
     """
-    found = load(path, comm, auto=auto)
+    found = load(path, comm, auto=auto, timeout=getattr(cfg, "save_timeout", 0.0))
     if found is None:
         return None
     state, meta, path = found

@@ -151,8 +151,12 @@ def test_checkpoints_reach_every_rank_as_tensors_and_corruption_everywhere(comm,
     d = os.path.join(folder, "ck")
     Trainer.from_config(config(max_steps=3, checkpoint=d), toy(comm), comm).train()
 
-    def no_pickles(*args, **kwargs):
-        raise AssertionError("a checkpoint must not travel as a pickled object")
+    pickled = comm.bcast_obj
+
+    def no_pickles(obj, root=0):
+        # the read's verdict may (None, or a one-line failure: mpi_sgd.checkpoint.deadline); no state
+        assert obj is None or isinstance(obj, str), "a checkpoint must not travel as a pickled object"
+        return pickled(obj, root)
 
     monkeypatch.setattr(comm, "bcast_obj", no_pickles)
     t = Trainer.from_config(config(max_steps=6), toy(comm), comm)

@@ -48,13 +48,25 @@ def test_any_write_error_is_one_line_and_cleaned_up(tmp_path, monkeypatch):
     assert sorted(os.listdir(d)) == [store.LATEST, store.step_name(1)]
 
 
-@pytest.mark.parametrize("bad", ["slow", "slow:-1", "slow:x", "full:3", "fast"])
+@pytest.mark.parametrize("bad", ["slow", "slow:-1", "slow:x", "full:3", "fast", "slow-read", "read:1"])
 def test_the_save_fault_hook_is_refused_in_one_line_when_malformed(monkeypatch, bad):
     monkeypatch.setenv(store.SAVE_FAULT, bad)
     with pytest.raises(ValueError, match=r"MPI_SGD_SAVE_FAULT=.*expected slow:SECONDS"):
         store.save_fault()
     monkeypatch.setenv(store.SAVE_FAULT, "slow:0.5")
     assert store.save_fault() == ("slow", 0.5)
+    monkeypatch.setenv(store.SAVE_FAULT, "slow-read:2")
+    assert store.save_fault() == ("slow-read", 2.0)
+
+
+def test_a_slow_read_delays_reads_only(monkeypatch, tmp_path):
+    saved = store.save(b"state", {"step": 1}, str(tmp_path), 1)
+    monkeypatch.setenv(store.SAVE_FAULT, "slow-read:30")
+    slept = []
+    monkeypatch.setattr(store.time, "sleep", slept.append)
+    store.save(b"state", {"step": 2}, str(tmp_path), 2)  # neither delayed nor refused
+    assert slept == []
+    assert read(saved)[1] == b"state" and slept == [30.0]
 
 
 def test_a_directory_that_cannot_be_written_is_refused_at_start(tmp_path):
