@@ -8,6 +8,7 @@ import torch
 
 from mpi_sgd.collectives import ring_allreduce
 from mpi_sgd.comm import OPS, split_counts
+from mpi_sgd.comm.polling import wait_idle
 from tests.helpers import DTYPES, assert_close, rank_data, reference, tolerance
 
 pytestmark = pytest.mark.mpi
@@ -147,6 +148,21 @@ def test_objects(comm):
     gathered = comm.gather_obj(comm.rank * 10)
     assert gathered == ([r * 10 for r in range(comm.size)] if comm.is_root else None)
     comm.barrier()
+
+
+def test_ibarrier_completes_once_every_rank_has_entered(comm):
+    # Rank 0 enters last, after every other rank has polled its barrier and found it pending: one
+    # that completed before rank 0 entered would fail here, whatever the timing.
+    token = torch.zeros(1)
+    if comm.rank == 0:
+        for r in range(1, comm.size):
+            comm.recv(token, r, tag=31)
+        assert wait_idle(comm.ibarrier(), 60)
+    else:
+        pending = comm.ibarrier()
+        assert not pending.test()
+        comm.send(token, 0, tag=31)
+        assert wait_idle(pending, 60)
 
 
 @pytest.mark.parametrize("dtype", (torch.float16, torch.bfloat16))
