@@ -87,13 +87,14 @@ def read_state(path: str):
     return deserialize(blob, where)
 
 
-def load(path: str, comm, root: int = 0, auto: bool = False, timeout: float = 0.0):
+def load(path: str, comm, root: int = 0, auto: bool = False, timeout: float = 600.0):
     """``(state, meta, checkpoint path)`` on every rank, read and verified by ``root``; None if
     ``auto`` found no checkpoint. Errors reach every rank alike (:class:`CheckpointError`).
 
     The read is a section with a deadline of its own (:mod:`.deadline`): the other ranks wait for
-    it asleep, their watchdogs allow it ``timeout`` seconds (0: no limit; the trainer passes
-    ``--save-timeout``), and a read still going then is reported as hung, naming the path.
+    it asleep, their watchdogs allow it ``timeout`` seconds (the trainer passes ``--save-timeout``,
+    whose default this is; 0: no limit), and a read still going then is reported as hung, naming
+    the path.
     """
     header = torch.zeros(4, dtype=torch.int64)  # status (0 none, 1 ok, 2 error), len(path), len(meta), len(state)
 
