@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import time
 
-from ..comm.polling import Backoff
+from ..comm.polling import wait_idle
 
 HELLO, PUSH, DONE, WAITING = 7001, 7002, 7003, 7004
 PARAMS, STOP, HOLD, FINAL, FINAL_LOST = 7011, 7012, 7013, 7014, 7015
@@ -64,15 +64,10 @@ def wait_until(request, deadline: float) -> bool:
     It fails when the peer dies in the middle of the message: MPICH then reports an error (for
     example the single-copy read from the dead process), which mpi4py raises as a RuntimeError.
     """
-    backoff = Backoff()
     try:
-        while not request.test():
-            if time.monotonic() > deadline:
-                return False
-            backoff.pause()
+        return wait_idle(request, deadline - time.monotonic())
     except RuntimeError:
         return False
-    return True
 
 
 def in_flight(request) -> bool:

@@ -154,7 +154,7 @@ def test_checkpoints_reach_every_rank_as_tensors_and_corruption_everywhere(comm,
     pickled = comm.bcast_obj
 
     def no_pickles(obj, root=0):
-        # the read's verdict may (None, or a one-line failure: mpi_sgd.checkpoint.deadline); no state
+        # the read's verdict may travel so (None, or a one-line failure: mpi_sgd.checkpoint.deadline); no state may
         assert obj is None or isinstance(obj, str), "a checkpoint must not travel as a pickled object"
         return pickled(obj, root)
 
