@@ -85,16 +85,22 @@ def least_squares(n: int = 512, d: int = 8, seed: int = 0) -> tuple[data.Dataset
 def test_converges_on_least_squares_and_every_worker_ends_with_the_servers_parameters(comm, servers, max_staleness):
     """A convex problem, W = R - k workers pushing stale gradients: after 200 gradients the loss must
     be within 20% of the least-squares optimum (0.0096 here; the start is 12). Plain SGD at this
-    step size ends 1-2% above it (the constant step's noise floor), two workers 1-5% (measured),
-    and 10.1% once with unbounded staleness on a 2-core host busy with another test run; 20% leaves
-    room for the order of pushes, which timing decides, and fails for any real error (a dropped or
-    doubled gradient, a wrong slice), which stalls far above it (the start is 1250 times the optimum)."""
+    step size ends 1-2% above it (the constant step's noise floor), two workers with staleness
+    bounded by W - 1 1-5% (measured). Unbounded staleness gives no such promise at a plain rate:
+    how late a gradient lands is up to the host's scheduler, and once, at three ranks on a 2-core
+    host busy with another test run, plain SGD ended 53% above the optimum. Its cases therefore run
+    with the staleness-aware rate (lr / tau, Zhang et al. 2015), which bounds what one late gradient
+    can do and leaves the usual tau of 0 or 1 at the plain rate. 20% leaves room for the order of
+    pushes, which timing decides, far below the start (1250 times the optimum)."""
     if servers >= comm.size:
         pytest.skip("needs a worker besides the servers")
     ds, best = least_squares()
     workers = comm.size - servers
     bound = workers - 1 if max_staleness == "workers" else max_staleness
-    cfg = AsyncConfig(servers=servers, lr=0.05, batch_size=16, evaluations=200, max_staleness=bound, seed=3)
+    cfg = AsyncConfig(
+        servers=servers, lr=0.05, batch_size=16, evaluations=200, max_staleness=bound, seed=3,
+        lr_by_staleness=bound == -1,
+    )
     torch.manual_seed(0)
     model = nn.Linear(8, 1)
     result = paramserver.train(comm, model, ds, cfg)
