@@ -97,10 +97,8 @@ def test_converges_on_least_squares_and_every_worker_ends_with_the_servers_param
     ds, best = least_squares()
     workers = comm.size - servers
     bound = workers - 1 if max_staleness == "workers" else max_staleness
-    cfg = AsyncConfig(
-        servers=servers, lr=0.05, batch_size=16, evaluations=200, max_staleness=bound, seed=3,
-        lr_by_staleness=bound == -1,
-    )
+    rates = dict(lr=0.05, lr_by_staleness=bound == -1)  # unbounded: the staleness-aware rate
+    cfg = AsyncConfig(servers=servers, batch_size=16, evaluations=200, max_staleness=bound, seed=3, **rates)
     torch.manual_seed(0)
     model = nn.Linear(8, 1)
     result = paramserver.train(comm, model, ds, cfg)
