@@ -20,9 +20,10 @@ NP ?= 2
 # the README's own `mpirun -n 2 pytest --with-mpi` (test-mpirun), run as a user types it.
 TEST_SIZES ?= 1 3
 # Backstops so a hang fails fast: seconds per mpiexec job (hydra reads it), per test, and for the
-# one job that holds a whole MPI test run (minutes; twice as long under a system MPI, whose
-# three-rank run on two cores took up to 590 s with Debian's MPICH, over UCX, which polls while it
-# waits). A hung test is ended by TEST_TIMEOUT first, after faulthandler has dumped every rank.
+# one job that holds a whole MPI test run (minutes; twice the room under a system MPI: Debian's
+# MPICH waits over UCX, which polls, and is the slowest at three ranks on two cores, as measured in
+# docs/contributing/tests.md). A hung test is ended by TEST_TIMEOUT first, after faulthandler has
+# dumped every rank.
 MPIEXEC_TIMEOUT ?= 300
 TEST_TIMEOUT ?= 120
 SUITE_TIMEOUT ?= $(if $(filter system,$(MPI)),1800,900)
