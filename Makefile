@@ -166,25 +166,13 @@ test-unit: venv
 test-mpi test-mpirun: export MPIEXEC_TIMEOUT = $(SUITE_TIMEOUT)
 # At more ranks than cores MPICH's waiting ranks sleep instead of polling (HEAVY_YIELD), or the
 # ones with work wait behind them for the scheduler (docs/use/mpi-launchers.md); others ignore it.
-# The one-rank run goes beside the others, its report printed whole when they are done: it keeps
-# one core busy, and a job of more ranks than cores leaves part of the other idle while its ranks
-# wait for each other (docs/contributing/tests.md). Under a system MPI one after another: Debian's
-# MPICH polls while it waits, and every rank beside it slows it.
-BESIDE := $(if $(filter system,$(MPI)),,$(filter 1,$(TEST_SIZES)))
 test-mpi: venv
-	@run() { \
-	  yield=$$([ $$1 -gt $$(nproc) ] && echo 1 || echo 0); pin=$$((1 - yield)); \
+	@set -e; for n in $(TEST_SIZES); do \
+	  echo "== MPI tests at mpiexec -n $$n =="; \
+	  yield=$$([ $$n -gt $$(nproc) ] && echo 1 || echo 0); pin=$$((1 - yield)); \
 	  MPIR_CVAR_ENABLE_HEAVY_YIELD=$${MPIR_CVAR_ENABLE_HEAVY_YIELD:-$$yield} I_MPI_PIN=$${I_MPI_PIN:-$$pin} \
-	    $(MPIEXEC) -n $$1 $(PY) -m mpi4py -m pytest --with-mpi -x -q --timeout=$(TEST_TIMEOUT) tests/mpi; }; \
-	rc=0; \
-	if [ -n "$(BESIDE)" ]; then log=$$(mktemp); run 1 >$$log 2>&1 & beside=$$!; fi; \
-	for n in $(filter-out $(BESIDE),$(TEST_SIZES)); do \
-	  echo "== MPI tests at mpiexec -n $$n =="; run $$n || { rc=1; break; }; \
-	done; \
-	if [ -n "$(BESIDE)" ]; then \
-	  wait $$beside || rc=1; echo "== MPI tests at mpiexec -n 1 (run beside the others) =="; cat $$log; rm -f $$log; \
-	fi; \
-	exit $$rc
+	    $(MPIEXEC) -n $$n $(PY) -m mpi4py -m pytest --with-mpi -x -q --timeout=$(TEST_TIMEOUT) tests/mpi; \
+	done
 
 # Exactly the README's command, with the venv's bin first on PATH as `source .venv/bin/activate` puts it.
 test-mpirun: venv
