@@ -19,8 +19,8 @@ def test_sweep_agrees_across_ranks(world):
 
 @pytest.mark.mpi(min_size=2)
 def test_fit_from_a_real_sweep(world):
-    # Up to 4 MiB: the fit takes β from the sizes within 64x of the largest (three of them here), where
-    # bytes dominate. Up to 256 KiB only, a loaded machine (three ranks on two cores and a job beside
+    # Up to 4 MiB: the fit takes β from the sizes within LARGE_END of the largest (three of them here),
+    # where bytes dominate. Up to 256 KiB only, a loaded machine (three ranks on two cores and a job beside
     # them) timed a 4-byte all-reduce slower than a 256 KiB one, and the fit rightly refused a sweep
     # that showed no cost per byte (docs/contributing/tests.md).
     points = measure_allreduce(world, [4, 256, 16384, 262144, 1 << 20, 1 << 22], rounds=2)
