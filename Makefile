@@ -92,14 +92,19 @@ export MPI_SGD_MPIEXEC := $(MPIEXEC)
 .PHONY: venv venv-torch demo test test-mpis test-unit test-mpi test-mpirun test-integration test-gpu examples bench lint clean
 .PHONY: netns-cluster netns-validate docker-cluster docker-down docs docs-serve docs-shots test-docs-slow
 
-# pip byte-compiles what it installs one file at a time, on one core; installing without and then
-# compiling the venv's packages and the project's own modules on every core takes less time. The
-# compiled files matter where PYTHONDONTWRITEBYTECODE is set (many container images): there Python
-# never writes them itself, and every process would compile torch again as it imports it.
-# compileall exits 1 for any file that does not compile (torch ships one in a newer Python's
-# syntax), which pip ignores too: such a file fails only if something imports it.
+# pip byte-compiles what it installs one file at a time, on one core, and nine files in ten of the
+# venv (most of torch, sympy, scipy) are never imported here. So pip installs without compiling, and
+# the venv's last step imports every module of the project once, which compiles and writes exactly
+# what the project's processes import (torch's imported part among it); the project's own modules
+# are compiled on every core. Where PYTHONDONTWRITEBYTECODE is set (many container images) Python
+# would write nothing and every process would compile torch again as it imports it, so make's own
+# commands unset it (below): whatever else a test or a docs build imports is compiled and written
+# by the first process that imports it, and pytest keeps its rewritten test modules too. All of it
+# goes into the venv and the project's __pycache__ folders, which git ignores.
 PIP_INSTALL = $(PY) -m pip install -q --no-compile
-COMPILE = $(PY) -m compileall -qq -j 0 "$$($(PY) -c 'import sysconfig; print(sysconfig.get_path("purelib"))')" "$(SRC)/mpi_sgd" || true
+COMPILE = $(PY) -m compileall -qq -j 0 "$(SRC)/mpi_sgd" && $(PY) -c "import importlib, pkgutil, matplotlib.pyplot, mpi_sgd; \
+  [importlib.import_module(m.name) for m in pkgutil.walk_packages(mpi_sgd.__path__, 'mpi_sgd.') if not m.name.endswith('__main__')]"
+export PYTHONDONTWRITEBYTECODE :=
 
 # The project's extras the venv gets: the test tools always, and the docs tools too when a target
 # that needs them (make test, make docs) is what makes the venv, so that one pip install and one
@@ -166,13 +171,25 @@ test-unit: venv
 test-mpi test-mpirun: export MPIEXEC_TIMEOUT = $(SUITE_TIMEOUT)
 # At more ranks than cores MPICH's waiting ranks sleep instead of polling (HEAVY_YIELD), or the
 # ones with work wait behind them for the scheduler (docs/use/mpi-launchers.md); others ignore it.
+# The one-rank run goes beside the others, its report printed whole when they are done: it keeps
+# one core busy, and a job of more ranks than cores leaves part of the other idle while its ranks
+# wait for each other (docs/contributing/tests.md). Under a system MPI one after another: Debian's
+# MPICH polls while it waits, and every rank beside it slows it.
+BESIDE := $(if $(filter system,$(MPI)),,$(filter 1,$(TEST_SIZES)))
 test-mpi: venv
-	@set -e; for n in $(TEST_SIZES); do \
-	  echo "== MPI tests at mpiexec -n $$n =="; \
-	  yield=$$([ $$n -gt $$(nproc) ] && echo 1 || echo 0); pin=$$((1 - yield)); \
+	@run() { \
+	  yield=$$([ $$1 -gt $$(nproc) ] && echo 1 || echo 0); pin=$$((1 - yield)); \
 	  MPIR_CVAR_ENABLE_HEAVY_YIELD=$${MPIR_CVAR_ENABLE_HEAVY_YIELD:-$$yield} I_MPI_PIN=$${I_MPI_PIN:-$$pin} \
-	    $(MPIEXEC) -n $$n $(PY) -m mpi4py -m pytest --with-mpi -x -q --timeout=$(TEST_TIMEOUT) tests/mpi; \
-	done
+	    $(MPIEXEC) -n $$1 $(PY) -m mpi4py -m pytest --with-mpi -x -q --timeout=$(TEST_TIMEOUT) tests/mpi; }; \
+	rc=0; \
+	if [ -n "$(BESIDE)" ]; then log=$$(mktemp); run 1 >$$log 2>&1 & beside=$$!; fi; \
+	for n in $(filter-out $(BESIDE),$(TEST_SIZES)); do \
+	  echo "== MPI tests at mpiexec -n $$n =="; run $$n || { rc=1; break; }; \
+	done; \
+	if [ -n "$(BESIDE)" ]; then \
+	  wait $$beside || rc=1; echo "== MPI tests at mpiexec -n 1 (run beside the others) =="; cat $$log; rm -f $$log; \
+	fi; \
+	exit $$rc
 
 # Exactly the README's command, with the venv's bin first on PATH as `source .venv/bin/activate` puts it.
 test-mpirun: venv
