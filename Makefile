@@ -94,15 +94,15 @@ export MPI_SGD_MPIEXEC := $(MPIEXEC)
 
 # pip byte-compiles what it installs one file at a time, on one core, and nine files in ten of the
 # venv (most of torch, sympy, scipy) are never imported here. So pip installs without compiling, and
-# the venv's last step imports every module of the project once, which compiles and writes exactly
-# what the project's processes import (torch's imported part among it); the project's own modules
-# are compiled on every core. Where PYTHONDONTWRITEBYTECODE is set (many container images) Python
-# would write nothing and every process would compile torch again as it imports it, so make's own
-# commands unset it (below): whatever else a test or a docs build imports is compiled and written
-# by the first process that imports it, and pytest keeps its rewritten test modules too. All of it
-# goes into the venv and the project's __pycache__ folders, which git ignores.
+# the venv's last step imports every module of the project once, with MPI loaded but not started
+# (MPI4PY_RC_INITIALIZE): that compiles and writes exactly what the project's processes import,
+# torch's imported part among it. Where PYTHONDONTWRITEBYTECODE is set (many container images)
+# Python would write nothing, and every process would compile torch again as it imports it, so
+# make's own commands unset it (below): whatever else a test or a docs build imports is compiled
+# and written by the first process that imports it, and pytest keeps its rewritten test modules.
+# All of it goes into the venv and the project's __pycache__ folders, which git ignores.
 PIP_INSTALL = $(PY) -m pip install -q --no-compile
-COMPILE = $(PY) -m compileall -qq -j 0 "$(SRC)/mpi_sgd" && $(PY) -c "import importlib, pkgutil, matplotlib.pyplot, mpi_sgd; \
+COMPILE = $(PY) -m compileall -qq -j 0 "$(SRC)/mpi_sgd" && MPI4PY_RC_INITIALIZE=false $(PY) -c "import importlib, pkgutil, matplotlib.pyplot, mpi_sgd; \
   [importlib.import_module(m.name) for m in pkgutil.walk_packages(mpi_sgd.__path__, 'mpi_sgd.') if not m.name.endswith('__main__')]"
 export PYTHONDONTWRITEBYTECODE :=
 
