@@ -196,7 +196,7 @@ test-mpirun: venv
 	PATH="$(BIN):$$PATH" mpirun -n 2 pytest --with-mpi
 
 test-integration: venv
-	$(PY) -m pytest -q --timeout=$(TEST_TIMEOUT) --durations=40 $(if $(filter-out 0 1,$(JOBS)),-n $(JOBS) --dist loadfile) tests/integration
+	$(PY) -m pytest -q --timeout=$(TEST_TIMEOUT) --durations=40 $(if $(filter-out 0 1,$(JOBS)),-n $(JOBS) --dist loadfile --no-loadscope-reorder) tests/integration
 
 # GPU tests, on a host with CUDA (a CUDA build of torch: TORCH_BUILD=cuda or auto): one process, then one
 # rank per GPU. Without a GPU every test skips and the target succeeds.

@@ -26,12 +26,39 @@ def _inside_mpi_job() -> bool:
     return any(int(os.environ.get(v, "1")) > 1 for v in ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE"))
 
 
+# The files that take longest, longest first; the rest follow in collection order. make test runs
+# the files side by side (JOBS) and hands a process the next file as it runs out of tests, so a
+# long file started last is run alone while the other process has nothing left to do. pytest-xdist
+# orders them by their count of tests instead (make test turns that off), which put the one-test
+# jobs at four ranks and of a minute's training last (docs/contributing/tests.md).
+LONGEST_FIRST = (
+    "test_docs_commands.py",
+    "test_faults.py",
+    "test_netns_cluster.py",
+    "test_examples.py",
+    "test_jobs.py",
+    "test_reliability_jobs.py",
+    "test_checkpoint_jobs.py",
+    "test_four_ranks.py",
+    "test_bench_goodput.py",
+    "test_first_hour.py",
+    "test_sync_sgd_script.py",
+    "test_torch_backend.py",
+)
+
+
 def pytest_collection_modifyitems(config, items):
     if _inside_mpi_job():
         skip = pytest.mark.skip(reason="launches its own mpiexec; run outside an MPI job (make test does)")
         for item in items:
             if "integration" in item.nodeid:
                 item.add_marker(skip)
+    order = {name: i for i, name in enumerate(LONGEST_FIRST)}
+
+    def rank(item) -> int:
+        return order.get(Path(str(item.fspath)).name, len(order)) if "integration" in item.nodeid else -1
+
+    items.sort(key=rank)
 
 
 def oversubscribed(n: int) -> dict[str, str]:
