@@ -174,9 +174,9 @@ test-mpi test-mpirun: export MPIEXEC_TIMEOUT = $(SUITE_TIMEOUT)
 # The one-rank run goes beside the others, its report printed whole when they are done: it keeps
 # one core busy, and a job of more ranks than cores leaves part of the other idle while its ranks
 # wait for each other (docs/contributing/tests.md). Only with the MPICH wheel, whose waiting ranks
-# there sleep (HEAVY_YIELD). Open MPI's yield instead, and beside a fourth process its 4-byte
-# all-reduce at three ranks took longer than a 4 MiB one, so that the calibration test refused its
-# sweep; Debian's MPICH polls while it waits, and every rank beside it slows it.
+# there sleep (HEAVY_YIELD). Open MPI's waiting ranks yield instead, and beside a fourth process
+# its 4-byte all-reduce at three ranks took longer than a 4 MiB one, so that the calibration test
+# refused its sweep; Debian's MPICH polls while it waits, and every rank beside it slows it.
 BESIDE := $(if $(filter mpich,$(MPI)),$(filter 1,$(TEST_SIZES)))
 test-mpi: venv
 	@run() { \
