@@ -20,14 +20,17 @@ def docs_scripts() -> dict[str, tuple[int, str, str]]:
     """Every ```python block of the pages, opening with its launch line: file -> (ranks, code, page)."""
     scripts = {}
     for page in pages.pages():
-        sessions = {c for b in pages.blocks(page) if b.is_session for c in b.commands()}
+        # what tests/integration/test_docs_commands.py runs in make test: bash blocks and sessions, not slow
+        run_there = {
+            c for b in pages.blocks(page) if (b.lang == "bash" or b.is_session) and not b.slow for c in b.commands()
+        }
         for block in pages.blocks(page):
             if block.lang != "python":
                 continue
             code = "\n".join(block.lines) + "\n"
             launch = LAUNCH.match(code)
             assert launch, f"{block.id}: a python block that does not open with its launch line"
-            if code.splitlines()[0][2:] not in sessions:
+            if code.splitlines()[0][2:] not in run_there:
                 scripts[launch.group(2)] = (int(launch.group(1)), code, pages.name(page))
     return scripts
 
