@@ -5,7 +5,18 @@ and the other communicators are covered by the collective tests; timing each wou
 
 import pytest
 
-from mpi_sgd.calibrate import calibrate, fit_network, measure_allreduce
+from mpi_sgd.calibrate import SweepRefused, calibrate, fit_network, measure_allreduce
+
+
+def twice(sweep):
+    """``sweep()``, and once more if the fit refused it. Refusing a sweep that shows no cost per byte
+    is right (tests/unit cover it); what these tests check is a fit of one that does, and a machine
+    loaded past its cores (three ranks on two, other jobs beside them) can hide it in one sweep.
+    Every rank fits the same gathered figures, so every rank refuses, and tries again, together."""
+    try:
+        return sweep()
+    except SweepRefused:
+        return sweep()
 
 
 @pytest.mark.mpi
@@ -23,8 +34,8 @@ def test_fit_from_a_real_sweep(world):
     # where bytes dominate. Up to 256 KiB only, a loaded machine (three ranks on two cores and a job beside
     # them) timed a 4-byte all-reduce slower than a 256 KiB one, and the fit rightly refused a sweep
     # that showed no cost per byte (docs/contributing/tests.md).
-    points = measure_allreduce(world, [4, 256, 16384, 262144, 1 << 20, 1 << 22], rounds=2)
-    net = fit_network(points, gamma=0.0)
+    sizes = [4, 256, 16384, 262144, 1 << 20, 1 << 22]
+    net = twice(lambda: fit_network(measure_allreduce(world, sizes, rounds=2), gamma=0.0))
     assert net.alpha >= 0 and net.beta > 0
     # A loose sanity band, not a benchmark: the machine is shared and noisy.
     assert net.beta < 1e-6  # faster than 1 MB/s
@@ -33,7 +44,7 @@ def test_fit_from_a_real_sweep(world):
 @pytest.mark.mpi
 def test_calibrate_is_collective_and_consistent(world):
     # 4 MiB: a smaller largest size can show no cost per byte on a loaded machine, and is refused
-    cal = calibrate(world, sizes=[4, 1 << 22], layers=(8, 16, 4), batch=4)
+    cal = twice(lambda: calibrate(world, sizes=[4, 1 << 22], layers=(8, 16, 4), batch=4))
     assert cal.step.params == 8 * 16 + 16 + 16 * 4 + 4
     assert len(cal.sweep) == (2 if world.size > 1 else 0)
     mine = (cal.network, cal.step.seconds)
