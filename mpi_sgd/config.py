@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from .amp import MODES as AMP_MODES
 from .args import flag as _flag
 from .checkpoint import check_writable, checkpoints
-from .checkpoint.store import save_fault
+from .checkpoint.storagefaults import save_fault
 from .comm import BACKENDS, TORCH_BACKENDS
 from .comm.wrappers.compress import DTYPES as COMPRESS_DTYPES
 from .data import BUILTIN
@@ -54,7 +54,7 @@ class TrainConfig:
     dtype: str = _flag("float32", f"parameter and data dtype: {', '.join(DTYPES)}")
     amp: str = _flag("none", "mixed precision: none, bf16 (autocast) or fp16 (autocast and a gradient scaler)")
     compress: str = _flag(
-        "none", "all-reduce gradients in 16 bits: none, fp16 or bf16 (error bound in mpi_sgd/comm/compress.py)"
+        "none", "all-reduce gradients in 16 bits: none, fp16 or bf16 (error bound in mpi_sgd/comm/wrappers/compress.py)"
     )
     max_steps: int = _flag(0, "stop after this many optimizer steps in total (0: run all epochs)")
     checkpoint: str | None = _flag(

@@ -70,6 +70,7 @@ class Dataset:
     x: torch.Tensor
     y: torch.Tensor
     name: str
+    classes: int = 0  # classification: the classes of the whole set this was split from (0: read from y)
 
     @property
     def classification(self) -> bool:
@@ -77,7 +78,9 @@ class Dataset:
 
     @property
     def num_outputs(self) -> int:
-        return int(self.y.max()) + 1 if self.classification else self.y.shape[1]
+        if not self.classification:
+            return self.y.shape[1]
+        return self.classes or int(self.y.max()) + 1
 
     def __len__(self) -> int:
         return self.x.shape[0]
@@ -85,7 +88,7 @@ class Dataset:
     def to(self, dtype: torch.dtype, device: torch.device | str = "cpu") -> Dataset:
         """Features (and regression targets) in ``dtype``; class indices stay integers."""
         y = self.y.to(device) if self.classification else self.y.to(device, dtype)
-        return Dataset(self.x.to(device, dtype), y, self.name)
+        return Dataset(self.x.to(device, dtype), y, self.name, self.classes)
 
 
 def toy_regression(num_samples: int = 4096, input_size: int = 100, seed: int = 0) -> Dataset:
@@ -160,19 +163,25 @@ def from_file(path: str) -> Dataset:
         x = x.reshape(-1, 1)
     if x.shape[0] != y.shape[0]:
         raise ValueError(f"data file {path!r}: x has {x.shape[0]} samples but y has {y.shape[0]}")
-    if y.dtype.is_floating_point:
-        y = y.reshape(len(y), -1).float()
-    else:
+    if not y.dtype.is_floating_point:
         check_label_shape(y, path)
         y = y.long().reshape(-1)
         check_labels(y, path)
+    _check_finite(x, y, path, "inf or nan")
+    # Training is in float32 (or float64 from float32 values): a float64 value beyond float32's
+    # range becomes inf in the conversion, which would reach the model unseen.
+    x, y = x.float(), (y.reshape(len(y), -1).float() if y.dtype.is_floating_point else y)
+    _check_finite(x, y, path, "values beyond float32's range (±3.4e38)")
+    return Dataset(x, y, os.path.basename(path))
+
+
+def _check_finite(x: torch.Tensor, y: torch.Tensor, path: str, what: str) -> None:
     for name, t in (("x", x), ("y", y)):
         if t.dtype.is_floating_point and not bool(torch.isfinite(t).all()):
             bad = (~torch.isfinite(t)).reshape(len(t), -1).any(1).nonzero().reshape(-1)
             raise ValueError(
-                f"data file {path!r}: {name} holds inf or nan in {len(bad)} sample(s), the first at index {int(bad[0])}"
+                f"data file {path!r}: {name} holds {what} in {len(bad)} sample(s), the first at index {int(bad[0])}"
             )
-    return Dataset(x.float(), y, os.path.basename(path))
 
 
 class _Refused(ValueError):
@@ -277,7 +286,10 @@ def split(ds: Dataset, val_fraction: float, seed: int) -> tuple[Dataset, Dataset
         raise ValueError(f"--val-fraction {val_fraction} leaves no training samples out of {len(ds)}")
     perm = torch.randperm(len(ds), generator=torch.Generator().manual_seed(2**40 + seed))
     train, val = perm[n_val:].sort().values, perm[:n_val].sort().values
-    return Dataset(ds.x[train], ds.y[train], ds.name), Dataset(ds.x[val], ds.y[val], ds.name)
+    # The model's outputs count the whole set's classes: one found only among the held-out samples
+    # would otherwise be a label past the model's last output, failing after a whole epoch.
+    classes = ds.num_outputs if ds.classification else 0
+    return Dataset(ds.x[train], ds.y[train], ds.name, classes), Dataset(ds.x[val], ds.y[val], ds.name, classes)
 
 
 def standardize_targets(train: Dataset, val: Dataset | None) -> tuple[Dataset, Dataset | None]:

@@ -52,14 +52,18 @@ class NonFiniteFlag:
         """Called by every strategy on each buffer just before it is all-reduced (or reduce-scattered
         in ``shards`` equal parts, the received part landing in ``result``).
 
-        One sum of the buffer tells whether this rank's gradients in it are finite (an inf or a NaN
-        anywhere makes the sum non-finite). If they are not, or a loss of this step was not (see
+        One sum of squares of the buffer tells whether this rank's gradients in it are finite (an inf
+        or a NaN anywhere makes it non-finite), and whether their sum over the ranks can be: a plain
+        sum would pass two ranks' finite -2e38 whose sum overflows to -inf in an element the verdict
+        never reads, whereas a finite sum of squares bounds every element below 1.8e19 (float32),
+        where no sum over any number of ranks overflows. If they are not, or a loss of this step was not (see
         :meth:`note_loss`), element 0 of the buffer (of each shard) becomes NaN. NaN survives any
         sum, so after the collective every rank finds NaN in element 0 of some result: all ranks
         reach the same verdict at the same step with no message of their own (the flag is folded
         into the collective; Megatron reduces a separate flag with MAX instead).
 
-        Cost: the sum reads the buffer once; the rest is kept to the fewest tensor calls, since on a
+        Cost: the sum of squares (one ``dot``) reads the buffer once, as fast as a plain sum; the
+        rest is kept to the fewest tensor calls, since on a
         small model each call's fixed cost (microseconds) adds up to more than the sum. On the CPU
         the sum is done when it returns, so its verdict is read as a number and element 0 written
         only when it is bad. On a GPU reading it would wait for the kernel, so element 0 gets one
@@ -70,10 +74,10 @@ class NonFiniteFlag:
         """
         if self._sent is None:
             return buf
-        # ``total``: the buffer's squared norm where the noise scale already took it (one pass, not
-        # two); as a verdict it is as good as the sum, save that squares above 3e38 (values above
-        # 1.8e19 in float32) count as non-finite too, which at that size they nearly are.
-        total = buf.sum() if total is None else total
+        # ``total``: the buffer's squared norm, or the noise scale's where it already took it (one
+        # pass, not two). Values above 1.8e19 (float32) count as non-finite: at that size they
+        # nearly are, and below it no sum over the ranks can overflow.
+        total = _sum_of_squares(buf) if total is None else total
         self._sums.append(total)
         loss = self._loss_flag  # (the loss is on the gradients' device: one of these two is unused)
         if buf.device.type != "cpu":
@@ -90,13 +94,14 @@ class NonFiniteFlag:
         """After :meth:`wait`: whether every rank's loss and gradients were finite this step.
 
         The same answer on every rank, read from element 0 of each reduced buffer (one read of them
-        all on a GPU). (A sum of finite gradients that overflows counts as non-finite: it is.)
+        all on a GPU). The other elements need no look: what each rank sent passed :meth:`outgoing`'s
+        bound, so their sums are finite (data corrupted on the way is the replica check's to find).
         """
         sent, self._sent = self._sent, None
         if sent is None:
             return True
         if not sent:  # nothing was communicated (LocalGradients): this rank alone, the same cheap sums
-            self._sums = [p.grad.sum() for p in self.params if p.grad is not None]
+            self._sums = [_sum_of_squares(p.grad) for p in self.params if p.grad is not None]
             return self.local_finite
         if sent[0].device.type == "cpu":
             ok = all(math.isfinite(_first(b)) for b in sent)
@@ -114,7 +119,7 @@ class NonFiniteFlag:
             return torch.ones((), dtype=torch.bool)
         if sent:  # element 0 of each reduced buffer carries every rank's losses and sums
             return torch.isfinite(torch.cat([b.view(-1)[:1] for b in sent])).all()
-        self._sums = [p.grad.sum() for p in self.params if p.grad is not None]  # nothing was communicated
+        self._sums = [_sum_of_squares(p.grad) for p in self.params if p.grad is not None]  # nothing was communicated
         device = self.params[0].device
         ok = torch.isfinite(torch.stack(self._sums)).all() if self._sums else torch.ones((), dtype=torch.bool)
         if self._loss_flag is not None:
@@ -161,7 +166,7 @@ def describe(everyone: list[tuple], where: str) -> str:
     if bad_loss:
         return f"loss {everyone[bad_loss[0]][0]} {where} on {ranks_text(bad_loss)}"
     if bad_grad:
-        return f"non-finite gradient {where} on {ranks_text(bad_grad)} (loss finite there)"
+        return f"non-finite or exploding gradient {where} on {ranks_text(bad_grad)} (loss finite there)"
     own = "every rank's own gradient was finite before sending"
     if tampered:
         by = "; ".join(f"rank {r} ({t})" for r, t in tampered)
@@ -177,6 +182,12 @@ def describe(everyone: list[tuple], where: str) -> str:
             "numbers overflow to inf, not NaN), and a sum cannot tell whose contribution was bad"
         )
     return f"non-finite gradient {where}: the sum overflowed to inf though {own} (too large to add up)"
+
+
+def _sum_of_squares(t: torch.Tensor) -> torch.Tensor:
+    """``(t * t).sum()`` in one pass and no temporary (a BLAS dot)."""
+    v = t.reshape(-1)
+    return torch.dot(v, v)
 
 
 def _first(t: torch.Tensor) -> float:

@@ -34,11 +34,18 @@ EVERY = 10  # steps between the ranks' agreements
 class Preempted(JobError):
     """Training stopped on a signal after a step every rank finished; ``step`` is that step."""
 
-    def __init__(self, signum: int, step: int, saved: str | None):
+    def __init__(self, signum: int, step: int, saved: str | None, directory: str | None = None):
+        """``saved``: the directory step ``step`` was saved to; None when it was not, ``directory``
+        then being the ``--checkpoint`` that was given (its state was not finite, so not saved)."""
         self.signum, self.step, self.saved = signum, step, saved
         name = signal.Signals(signum).name
         if saved:
             text = f"saved step {step} to {saved} on {name}; resume with --resume auto"
+        elif directory:
+            text = (
+                f"stopped after step {step} on {name}; step {step} not saved (its parameters are not finite): "
+                f"--resume auto goes on from the last good checkpoint in {directory}"
+            )
         else:
             text = f"stopped after step {step} on {name}; nothing saved (no --checkpoint)"
         super().__init__(text)

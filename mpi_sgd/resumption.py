@@ -20,11 +20,14 @@ from .checkpoint.trainer_state import settings_on_resume
 from .convergence import Convergence
 
 
-def save(trainer, directory: str) -> None:
-    """Checkpoint ``trainer`` (a :class:`~mpi_sgd.trainer.Trainer`) into ``directory``: a collective."""
+def save(trainer, directory: str) -> bool:
+    """Checkpoint ``trainer`` (a :class:`~mpi_sgd.trainer.Trainer`) into ``directory``: a collective.
+    Whether it was written, the same on every rank."""
     t = trainer
     progress = Progress(t.epoch, t.step_in_epoch, t.step, t.epoch_offset, t.comm.size, t.cfg.batch_size)
-    save_training(directory, t.comm, t.model, t.optimizer, t.amp, t.cfg, progress, t.conv.schedule, data_identity(t))
+    return save_training(
+        directory, t.comm, t.model, t.optimizer, t.amp, t.cfg, progress, t.conv.schedule, data_identity(t)
+    )
 
 
 def data_identity(trainer) -> dict:

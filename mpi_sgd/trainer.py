@@ -84,6 +84,7 @@ class Trainer:
         self.history: list[dict] = []
         self.counters: list[tuple] = []  # per-epoch values for the timeline's counter tracks
         self.preemption, self.signalled = None, 0  # in train(): SIGTERM/SIGUSR1 caught, and agreed
+        self._last_save = (-1, False)  # (step, written) of this job's last save
         self.events = sync.events  # shared with the strategy, which adds its allreduces
         self.amp = MixedPrecision(cfg.amp, next(model.parameters()).device.type)
         late = wanted(cfg, next(model.parameters()).device.type) and getattr(optimizer, "defaults", {}).get("fused")
@@ -286,7 +287,8 @@ class Trainer:
                     self._save_checkpoint(cfg.checkpoint)
         self.preemption = None
         if self.signalled:
-            raise Preempted(self.signalled, self.step, cfg.checkpoint)
+            saved = self._last_save == (self.step, True)
+            raise Preempted(self.signalled, self.step, cfg.checkpoint if saved else None, cfg.checkpoint)
         self._check_replicas()  # silent divergence cannot pass
         if getattr(self.sync, "stage", 0) == 3:  # ZeRO-3: a whole model again for whoever uses it next
             self.sync.keep_gathered()
@@ -302,7 +304,10 @@ class Trainer:
 
     # -- checkpoints (mpi_sgd.resumption) -------------------------------------------------
     def _save_checkpoint(self, directory: str) -> None:
-        resumption.save(self, directory)
+        # Not the same state twice: a save mid-epoch (--checkpoint-every), then the loop ended at
+        # that very step (a signal, --max-steps, the target) would write it again over itself.
+        if self._last_save[0] != self.step:
+            self._last_save = (self.step, resumption.save(self, directory))
 
     def load_checkpoint(self, path: str, auto: bool | str = False, given=frozenset()) -> str | None:
         """Resume from ``path``; the checkpoint used, or None (see :func:`mpi_sgd.resumption.load`)."""

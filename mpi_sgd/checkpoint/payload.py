@@ -17,7 +17,8 @@ import sys
 import torch
 
 from . import deadline
-from .store import CheckpointError, checkpoints, injected_read_delay, is_store, latest, newest_valid, read_verified
+from .storagefaults import injected_read_delay
+from .store import CheckpointError, checkpoints, is_store, latest, newest_valid, read_verified
 
 
 def serialize(state) -> bytes:

@@ -14,11 +14,21 @@ all), fsyncs ``DIR``, and only then replaces ``latest`` (a temporary file rename
 same way). A kill before the rename leaves a ``.tmp-*`` that no reader looks at; a kill after it
 leaves a complete ``step-N``, with ``latest`` naming it or its predecessor. Either way the previous
 checkpoint is untouched: older ones are removed (``keep``) only after ``latest`` has moved on.
+
+"Newest" means most recently written (``meta.json`` records when), not highest step: a run resumed
+from an earlier step into the same directory (a rollback after a divergence) writes lower steps
+than the run it abandoned, and it is the new run's checkpoints that ``latest`` names, that
+``--resume auto`` takes and that ``keep`` keeps; the abandoned ones go first. Writing a step that
+is already there swaps the new copy in with one atomic exchange where the OS has one (Linux's
+``renameat2``), so ``latest`` never names a missing directory; elsewhere (NFS) the old copy is
+renamed aside first, and a kill between the two renames leaves ``latest`` naming nothing until
+``--resume auto`` takes the newest copy that verifies.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
 import hashlib
 import json
@@ -28,10 +38,11 @@ import secrets
 import shutil
 import time
 
+from .storagefaults import injected_save_fault
+
 FORMAT = 1
 STATE, META, LATEST = "state.pt", "meta.json", "latest"
 TEMP_PREFIX = ".tmp-"
-SAVE_FAULT = "MPI_SGD_SAVE_FAULT"  # the test hook of :func:`save_fault`
 _STEP = re.compile(r"^step-(\d+)$")
 
 
@@ -96,10 +107,11 @@ def save(blob: bytes, meta: dict, directory: str, step: int, keep: int = 0) -> s
     os.makedirs(directory, exist_ok=True)
     remove_stale(directory)
     meta = {"format": FORMAT, "sha256": hashlib.sha256(blob).hexdigest(), "bytes": len(blob), **meta}
+    meta["written"] = time.time()  # the order of "newest" (see the module's docstring)
     tmp = _temp_name(directory)
     meta_blob = json.dumps(meta, indent=1).encode()
     try:
-        _injected_fault(tmp, len(blob))
+        injected_save_fault(tmp, STATE, len(blob))
         os.mkdir(tmp)
         _write(os.path.join(tmp, STATE), blob)
         _write(os.path.join(tmp, META), meta_blob)
@@ -129,10 +141,14 @@ def _publish(tmp: str, directory: str, step: int, keep: int) -> str:
     name = step_name(step)
     final = os.path.join(directory, name)
     aside = None
-    if os.path.exists(final):  # the same step written again, e.g. a rerun into the same directory
+    if not os.path.exists(final):
+        os.rename(tmp, final)
+    elif _exchange(tmp, final):  # the same step written again (a rollback's run): the old copy is now at tmp
+        aside = tmp
+    else:  # no atomic exchange here: the old copy aside, then the new one in (a window of two renames)
         aside = _temp_name(directory)
         os.rename(final, aside)
-    os.rename(tmp, final)
+        os.rename(tmp, final)
     _fsync_dir(directory)
     pointer = _temp_name(directory)
     _write(pointer, (name + "\n").encode())
@@ -147,56 +163,42 @@ def _publish(tmp: str, directory: str, step: int, keep: int) -> str:
     return final
 
 
-def save_fault() -> tuple[str, float] | None:
-    """``MPI_SGD_SAVE_FAULT``, the test hook that makes storage misbehave: ``slow:SECONDS`` (each
-    save first sleeps that long: a slow or hung file system), ``slow-read:SECONDS`` (each read of a
-    checkpoint does) or ``full`` (each save fails as on a full disk, after writing half its state).
-    None when unset; ValueError, one line, when bad."""
-    text = os.environ.get(SAVE_FAULT, "").strip()
-    if not text:
-        return None
-    kind, _, arg = text.partition(":")
-    if kind == "full" and not arg:
-        return "full", 0.0
-    if kind in ("slow", "slow-read"):
-        try:
-            seconds = float(arg)
-        except ValueError:
-            seconds = -1.0
-        if seconds >= 0:
-            return kind, seconds
-    raise ValueError(f"{SAVE_FAULT}={text!r}: expected slow:SECONDS (e.g. slow:30), slow-read:SECONDS or full")
+_RENAME_EXCHANGE = 2  # linux/fs.h
+_AT_FDCWD = -100
 
 
-def _injected_fault(tmp: str, size: int) -> None:
-    fault = save_fault()
-    if fault is None:
-        return
-    kind, seconds = fault
-    if kind == "slow":
-        time.sleep(seconds)
-    if kind != "full":
-        return
-    os.mkdir(tmp)
-    _write(os.path.join(tmp, STATE), b"\0" * (size // 2))  # what a disk filling up mid-write leaves
-    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), STATE)
+def _exchange(a: str, b: str) -> bool:
+    """Swap the paths ``a`` and ``b`` in one atomic step (Linux ``renameat2(RENAME_EXCHANGE)``);
+    False where the C library or the file system has no such call (NFS, other systems)."""
+    try:
+        call = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):
+        return False
+    return call(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0
 
 
-def injected_read_delay() -> None:
-    """The test hook's ``slow-read:SECONDS``: a read of a checkpoint first sleeps that long."""
-    fault = save_fault()
-    if fault is not None and fault[0] == "slow-read":
-        time.sleep(fault[1])
+def _written(path: str) -> float:
+    """When the checkpoint at ``path`` was written: its ``meta.json``'s record, else the file's mtime
+    (checkpoints from before the record), else 0 (no readable ``meta.json``: sorted last)."""
+    try:
+        with open(os.path.join(path, META), "rb") as f:
+            when = json.loads(f.read()).get("written")
+        if isinstance(when, (int, float)):
+            return float(when)
+        return os.stat(os.path.join(path, META)).st_mtime
+    except (OSError, ValueError, AttributeError):
+        return 0.0
 
 
 def checkpoints(directory: str) -> list[str]:
-    """The ``step-N`` directories in ``directory``, newest (highest N) first."""
+    """The ``step-N`` directories in ``directory``, newest (most recently written) first; among
+    checkpoints written at the same moment, the highest step first."""
     try:
         names = os.listdir(directory)
     except OSError:
         return []
-    found = [(int(m.group(1)), n) for n in names if (m := _STEP.match(n))]
-    return [os.path.join(directory, n) for _, n in sorted(found, reverse=True)]
+    found = [(int(m.group(1)), os.path.join(directory, n)) for n in names if (m := _STEP.match(n))]
+    return [p for _, _, p in sorted(((_written(p), step, p) for step, p in found), reverse=True)]
 
 
 def latest(directory: str) -> str | None:
@@ -243,10 +245,11 @@ def read_verified(path: str) -> tuple[bytes, dict]:
 
 
 def newest_valid(directory: str, warn, fresh_ok: bool = False) -> tuple[str, bytes, dict] | None:
-    """The newest (highest step) checkpoint in ``directory`` that verifies; None if there is none.
+    """The newest (most recently written) checkpoint in ``directory`` that verifies; None if there is none.
 
     A corrupt one is passed over with ``warn(message)``: a resume loses a few epochs, not the job.
-    The newest complete one may be newer than ``latest`` (a kill between the rename and the pointer).
+    It is the one ``latest`` names, unless a kill came between a checkpoint's rename and the pointer
+    (then it is that newer complete one) or ``latest``'s own checkpoint fails to verify.
     If there are checkpoints but not one verifies (a disk or file-system fault, most likely, not a
     run that never saved), a fresh start would overwrite them: that raises, naming each and why,
     unless ``fresh_ok`` (``--resume auto-or-fresh``) says to start afresh anyway.

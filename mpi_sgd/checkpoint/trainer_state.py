@@ -46,13 +46,14 @@ class Progress:
 
 def save_training(
     directory: str, comm, model, optimizer, amp, cfg, progress: Progress, schedule=None, data: dict | None = None
-) -> None:
+) -> bool:
     """Checkpoint the run into ``directory`` (``--checkpoint``), keeping ``cfg.keep_checkpoints``.
 
     A collective: every rank sends its RNG state to the root (dropout masks differ per rank, so a
     resume is bit-exact only with all of them), and a sharded optimizer gathers its shards; then
     the root writes. ``schedule`` (an :class:`~mpi_sgd.lrschedule.LRSchedule`) is saved with them,
     and ``data`` (what the run trained on: :func:`mpi_sgd.resumption.data_identity`) in the metadata.
+    Returns whether a checkpoint was written (not when the parameters are not finite), on every rank.
     """
     mine = torch.get_rng_state()
     rng = torch.zeros(comm.size, mine.numel(), dtype=torch.uint8) if comm.is_root else None
@@ -63,7 +64,9 @@ def save_training(
     if comm.is_root:
         write = _writer(directory, comm, model_state, optimizer_state, rng, amp, cfg, progress, schedule, data)
     what = f"saving step {progress.step} to {directory!r}"
-    deadline.run(comm, write or (lambda: None), what, getattr(cfg, "save_timeout", 0.0))
+    written = deadline.run(comm, write or (lambda: None), what, getattr(cfg, "save_timeout", 0.0))
+    # Whether it was written (the root refuses a non-finite state), on every rank: for the messages.
+    return bool(comm.bcast_obj(written is not None if comm.is_root else None))
 
 
 def _writer(directory: str, comm, model_state, optimizer_state, rng, amp, cfg, progress: Progress, schedule, data):

@@ -70,6 +70,23 @@ def test_nan_on_one_rank_stops_every_rank_at_that_step(comm, strategy):
     assert torch.equal(params(t), params(clean))
 
 
+@pytest.mark.parametrize("strategy", ["naive", "flat", "bucketed"])
+def test_finite_gradients_whose_sum_would_overflow_stop_every_rank(comm, strategy):
+    # float32: each rank's -2e38 is finite, their sum over two or more ranks is -inf, in an element
+    # other than the flag's. Each rank's sum of squares before sending refuses it (at one rank too:
+    # the bound does not depend on R).
+    model = build_model("ffnet", (6,), 1)
+    sync = gradsync.make(strategy, model, comm, bucket_mb=0.001)
+    first = list(model.parameters())[0]
+    first.register_hook(lambda g: g.reshape(-1).index_fill(0, torch.tensor([1]), -2e38).view_as(g))
+    sync.zero_grad()
+    sync.begin_step()
+    with sync.accumulate(last=True):
+        model(torch.randn(4, 6)).sum().backward()
+    sync.wait()
+    assert comm.allgather_obj(sync.finite()) == [False] * comm.size
+
+
 def stopped_by_a_nan_in_transit(comm, cfg: TrainConfig) -> tuple[Trainer, str]:
     """Train ``cfg`` with a NaN put into the last rank's all-reduce at step 3; the trainer and its
     message, checked to name that rank as the fault wrapper says it acted."""

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from mpi_sgd.checkpoint import CheckpointError, deadline, lock, read_state, serialize, store
+from mpi_sgd.checkpoint import CheckpointError, deadline, lock, read_state, serialize, storagefaults, store
 from mpi_sgd.checkpoint.payload import deserialize, read
 from mpi_sgd.comm.backends.local import LocalComm
 from mpi_sgd.comm.wrappers.watchdog import Watchdog
@@ -23,7 +23,7 @@ def _saved(d, step: int) -> str:
 def test_a_full_disk_leaves_nothing_behind_and_the_previous_checkpoint_loads(tmp_path, monkeypatch):
     d = str(tmp_path / "ck")
     _saved(d, 1)
-    monkeypatch.setenv(store.SAVE_FAULT, "full")  # writes half the state, then ENOSPC
+    monkeypatch.setenv(storagefaults.SAVE_FAULT, "full")  # writes half the state, then ENOSPC
     with pytest.raises(CheckpointError) as e:
         _saved(d, 2)
     line = str(e.value)
@@ -50,18 +50,18 @@ def test_any_write_error_is_one_line_and_cleaned_up(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("bad", ["slow", "slow:-1", "slow:x", "full:3", "fast", "slow-read", "read:1"])
 def test_the_save_fault_hook_is_refused_in_one_line_when_malformed(monkeypatch, bad):
-    monkeypatch.setenv(store.SAVE_FAULT, bad)
+    monkeypatch.setenv(storagefaults.SAVE_FAULT, bad)
     with pytest.raises(ValueError, match=r"MPI_SGD_SAVE_FAULT=.*expected slow:SECONDS"):
-        store.save_fault()
-    monkeypatch.setenv(store.SAVE_FAULT, "slow:0.5")
-    assert store.save_fault() == ("slow", 0.5)
-    monkeypatch.setenv(store.SAVE_FAULT, "slow-read:2")
-    assert store.save_fault() == ("slow-read", 2.0)
+        storagefaults.save_fault()
+    monkeypatch.setenv(storagefaults.SAVE_FAULT, "slow:0.5")
+    assert storagefaults.save_fault() == ("slow", 0.5)
+    monkeypatch.setenv(storagefaults.SAVE_FAULT, "slow-read:2")
+    assert storagefaults.save_fault() == ("slow-read", 2.0)
 
 
 def test_a_slow_read_delays_reads_only(monkeypatch, tmp_path):
     saved = store.save(b"state", {"step": 1}, str(tmp_path), 1)
-    monkeypatch.setenv(store.SAVE_FAULT, "slow-read:30")
+    monkeypatch.setenv(storagefaults.SAVE_FAULT, "slow-read:30")
     slept = []
     monkeypatch.setattr(store.time, "sleep", slept.append)
     store.save(b"state", {"step": 2}, str(tmp_path), 2)  # neither delayed nor refused

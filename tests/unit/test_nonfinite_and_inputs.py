@@ -271,3 +271,39 @@ def test_a_heap_frozen_by_the_caller_stays_frozen():
         assert gc.get_freeze_count() > 0  # not handed back: the caller's objects are among them
     finally:
         gc.unfreeze()
+
+
+def test_finite_gradients_whose_sum_over_ranks_would_overflow_are_refused_before_sending():
+    # Two ranks each sending -2e38 in element 1 sum to -inf there, an element the verdict never
+    # reads; the sum of squares each rank takes before sending refuses them (the two-rank job:
+    # tests/mpi/test_reliability.py).
+    sync = gradsync.LocalGradients(build_model("ffnet", (6,), 1))
+    buf = torch.zeros(8)
+    buf[1] = -2e38
+    sync.begin_step()
+    sync.outgoing(buf)
+    assert torch.isnan(buf[0]) and buf[1] == -2e38  # the flag, and the value left as it was
+    assert not sync.finite() and not sync.local_finite
+    buf = torch.full((8,), 1e18)  # large, but no sum over any number of ranks overflows
+    sync.begin_step()
+    sync.outgoing(buf)
+    assert sync.finite() and torch.equal(buf, torch.full((8,), 1e18))
+
+
+def test_float64_values_beyond_float32_are_refused_not_made_inf(tmp_path):
+    x = np.zeros((10, 3))
+    x[3, 1] = 1e39  # finite in float64, inf in the float32 the model trains in
+    with pytest.raises(ValueError) as e:
+        data.load(npz(tmp_path, x=x, y=np.arange(10) % 2))
+    assert str(e.value).endswith("x holds values beyond float32's range (±3.4e38) in 1 sample(s), the first at index 3")
+
+
+def test_a_class_found_only_among_the_held_out_samples_still_has_an_output():
+    y = torch.tensor([0, 1] * 9 + [2])  # class 2 once: the split below holds it out
+    ds = data.Dataset(torch.randn(19, 3), y, "mine")
+    for seed in range(100):
+        train, val = data.split(ds, 0.1, seed)
+        if 2 in val.y:
+            break
+    assert 2 not in train.y and 2 in val.y
+    assert train.num_outputs == val.num_outputs == 3 == train.to(torch.float64).num_outputs

@@ -26,9 +26,8 @@ def test_a_signal_becomes_a_flag_the_ranks_agree_on(signum):
     assert signal.getsignal(signum) in (signal.SIG_DFL, signal.default_int_handler)  # handlers put back
 
 
-def test_training_stops_after_the_step_and_saves_it(tmp_path, monkeypatch):
-    d = str(tmp_path / "ck")
-    t = trainer(checkpoint=d, epochs=5)
+def signal_in_step_3(t, monkeypatch) -> None:
+    """SIGTERM to this process in the middle of ``t``'s third step (``t`` averages with ``flat``)."""
     real = gradsync.FlatAllReduce.wait
 
     def wait_and_signal_at_step_3(self):
@@ -37,6 +36,12 @@ def test_training_stops_after_the_step_and_saves_it(tmp_path, monkeypatch):
             os.kill(os.getpid(), signal.SIGTERM)
 
     monkeypatch.setattr(gradsync.FlatAllReduce, "wait", wait_and_signal_at_step_3)
+
+
+def test_training_stops_after_the_step_and_saves_it(tmp_path, monkeypatch):
+    d = str(tmp_path / "ck")
+    t = trainer(checkpoint=d, epochs=5)
+    signal_in_step_3(t, monkeypatch)
     with pytest.raises(Preempted) as e:
         t.train()
     assert e.value.step == 3 and str(e.value) == f"saved step 3 to {d} on SIGTERM; resume with --resume auto"

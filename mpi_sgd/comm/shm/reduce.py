@@ -12,6 +12,8 @@ every element is summed once, by its owner, so all ranks get the same bits.
 from __future__ import annotations
 
 import functools
+import re
+import warnings
 
 import numpy as np
 import torch
@@ -23,6 +25,11 @@ UFUNC = {"sum": np.add, "avg": np.add, "min": np.minimum, "max": np.maximum, "pr
 MPI_OP = {"sum": MPI.SUM, "avg": MPI.SUM, "min": MPI.MIN, "max": MPI.MAX, "prod": MPI.PROD}
 OP_NAMES = list(UFUNC)
 OP_CODE = {op: i for i, op in enumerate(OP_NAMES)}
+
+# A sum that overflows (or adds inf to -inf) gives inf or NaN, as MPI's own all-reduce would, and the
+# non-finite check after every gradient all-reduce reports it; numpy's warning from inside this
+# stand-in for MPI would only be noise. Filtered for this module alone, once: no cost per call.
+warnings.filterwarnings("ignore", r"(overflow|invalid value) encountered", RuntimeWarning, re.escape(__name__))
 
 
 @functools.lru_cache(maxsize=4096)
