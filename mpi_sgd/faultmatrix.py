@@ -219,6 +219,15 @@ def _only_unreadable(ck: str):
         f.write(b"garbage")
 
 
+def _beyond_float32(ck: str):
+    """A data file ``ck``.npz whose float64 x holds one value float32 cannot (it would become inf)."""
+    import numpy as np
+
+    x = np.zeros((256, 4))
+    x[3, 1] = 1e39
+    np.savez(f"{ck}.npz", x=x, y=np.arange(256) % 2)
+
+
 CK = ("--checkpoint", "{ck}")
 CHECKPOINT_CASES = (
     Case(
@@ -276,7 +285,17 @@ CHECKPOINT_CASES = (
         args=("--checkpoint", "/proc/mpi-sgd-ck"),
     ),
 )
-CASES = CASES + CHECKPOINT_CASES
+# Data that would reach the model as garbage: refused before any communication.
+DATA_CASES = (
+    Case(
+        "float64 data beyond float32",
+        r".*x holds values beyond float32's range .* the first at index 3",
+        status="2",
+        args=("--dataset", "{ck}.npz"),
+        setup=_beyond_float32,
+    ),
+)
+CASES = CASES + CHECKPOINT_CASES + DATA_CASES
 
 
 def run(script: str, stall_timeout: float, cases=CASES, cwd: str | None = None, echo: bool = True) -> list[Outcome]:
