@@ -15,7 +15,7 @@ import os
 from dataclasses import asdict, replace
 
 from .agree import data_fingerprint
-from .checkpoint import CheckpointError, Progress, resume, save_training
+from .checkpoint import CheckpointError, Progress, hold, resume, save_training
 from .checkpoint.trainer_state import settings_on_resume
 from .convergence import Convergence
 
@@ -24,6 +24,9 @@ def save(trainer, directory: str) -> bool:
     """Checkpoint ``trainer`` (a :class:`~mpi_sgd.trainer.Trainer`) into ``directory``: a collective.
     Whether it was written, the same on every rank."""
     t = trainer
+    # Trainer.from_config took the directory's lock at the start; a Trainer built by hand takes it
+    # here, at its first save (the lock is this process's from then on, so later saves pass at once).
+    hold(directory, t.comm)
     progress = Progress(t.epoch, t.step_in_epoch, t.step, t.epoch_offset, t.comm.size, t.cfg.batch_size)
     return save_training(
         directory, t.comm, t.model, t.optimizer, t.amp, t.cfg, progress, t.conv.schedule, data_identity(t)

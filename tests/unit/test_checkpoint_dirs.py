@@ -36,7 +36,7 @@ def one_line(e: pytest.ExceptionInfo) -> str:
 def test_layout_latest_and_keep(tmp_path):
     d = str(tmp_path / "ck")
     trainer(checkpoint=d, epochs=4, keep_checkpoints=2).train()  # 2 steps per epoch: saves at 2, 4, 6, 8
-    assert sorted(os.listdir(d)) == ["latest", "step-00000006", "step-00000008"]
+    assert sorted(os.listdir(d)) == [".lock", "latest", "step-00000006", "step-00000008"]  # .lock: the job's lock
     assert open(os.path.join(d, "latest")).read().strip() == "step-00000008"
     meta = json.loads(open(os.path.join(d, "step-00000008", "meta.json")).read())
     assert meta["step"] == 8 and meta["config"]["model"] == "ffnet" and len(meta["sha256"]) == 64

@@ -80,3 +80,11 @@ def test_a_signal_with_a_state_that_could_not_be_saved_says_so(tmp_path, monkeyp
         f"stopped after step 3 on SIGTERM; step 3 not saved (its parameters are not finite): "
         f"--resume auto goes on from the last good checkpoint in {d}"
     )
+
+
+def test_a_trainer_built_by_hand_takes_the_directorys_lock_at_its_first_save(tmp_path):
+    from mpi_sgd.checkpoint import lock
+
+    d = str(tmp_path / "ck")
+    trainer(checkpoint=d, epochs=1).train()  # Trainer(...), not Trainer.from_config: no lock at the start
+    assert os.path.realpath(d) in lock._held  # this process holds it, as a job would for its life
