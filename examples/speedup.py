@@ -98,14 +98,19 @@ class Flags:
 
 
 def b_noise_of_run(path: Path) -> float:
-    """The mean of the per-epoch B_noise a run with --noise-scale wrote into its --metrics-json."""
+    """B_noise of a run with --noise-scale, from its --metrics-json: the mean over the epochs of tr Σ
+    over the mean of |G|² (McCandlish et al.: a ratio of means, not a mean of each epoch's noisy ratio)."""
     try:
-        values = [e["b_noise"] for e in json.loads(path.read_text())["epochs"] if e.get("b_noise") is not None]
+        noise = [e["noise"] for e in json.loads(path.read_text())["epochs"] if e.get("noise")]
+        pairs = [(n["g2"], n["trace"]) for n in noise if n["g2"] is not None and n["trace"] is not None]
     except (OSError, ValueError, KeyError, TypeError) as e:
         parser.fail(f"cannot read B_noise from {path}: {e}")
-    if not values:
+    if not pairs:
         parser.fail(f"{path} holds no B_noise: train with --noise-scale")
-    return statistics.fmean(values)
+    g2, trace = (statistics.fmean(column) for column in zip(*pairs, strict=True))
+    if not (g2 > 0 and trace > 0):  # either estimate still noise (mpi_sgd.noisescale.noise_scale)
+        parser.fail(f"{path}: the epochs' estimates average to |G|^2 {g2:.4g}, tr Sigma {trace:.4g}: no B_noise yet")
+    return trace / g2
 
 
 parser = ArgumentParser(description=__doc__)
@@ -167,7 +172,7 @@ b_noise = b_noise_of_run(args.metrics_json) if args.metrics_json else args.b_noi
 target = None
 if b_noise is not None:
     target = pm.time_to_target(compute, sync, args.ranks, args.batch_size, b_noise, args.s_min, args.scaling)
-    source = f"mean over the epochs of {args.metrics_json}" if args.metrics_json else "--b-noise"
+    source = f"the epochs' mean estimates in {args.metrics_json}" if args.metrics_json else "--b-noise"
     print(f"\nto a target accuracy: B_noise = {b_noise:.4g} ({source}); steps S(B) = S_min(1 + B_noise/B)\n")
     print(markdown_table(pm.TARGET_HEADERS, pm.target_rows(target, measured_at)))
     print("steps (x R=1): steps to the target over R = 1's; pays/target: sooner than R = 1, by 'target speedup'")

@@ -65,6 +65,20 @@ class Convergence:
             lines.append(f"noise scale: {self.probe.source}")
         return lines
 
+    def unfinished(self) -> str | None:
+        """AdaScale's schedule runs in scale-invariant steps: τ grows by the gain r <= S a step, so
+        in the optimizer steps of --epochs it reaches its end only if r stayed at S. Where it did not
+        get there, a line for the end of the run that says how far it got (None otherwise)."""
+        s = self.schedule
+        if not s.adascale or s.tau >= s.total_steps or (s.schedule == "constant" and s.tau >= s.warmup_steps):
+            return None
+        return (
+            f"AdaScale: the {s.schedule} schedule got to {s.tau:.0f} of its {s.total_steps:.0f} scale-invariant "
+            f"steps (the gain averaged {s.tau / max(s.step, 1):.2f} of S = {s.scale:.3g}), its rate still "
+            f"{s.rate_at(s.tau) / (s.lr * s.factor):.0%} of the peak: AdaScale (Johnson et al.) trains on until "
+            "it ends; give more --epochs for that"
+        )
+
     # -- every step -------------------------------------------------------------------------
     def before_step(self, optimizer) -> None:
         if self.rules:

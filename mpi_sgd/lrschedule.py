@@ -95,9 +95,11 @@ class LRSchedule:
         """The rate at progress ``t`` (steps, or τ with AdaScale), before AdaScale's gain."""
         peak = self.lr * self.factor
         if t < self.warmup_steps:
-            # from the unscaled rate to the scaled one (from 0 when nothing is scaled: Goyal's η→kη)
-            start = self.lr if self.factor > 1 else 0.0
-            return start + (peak - start) * (t + 1) / self.warmup_steps
+            # Goyal et al.: the first step at the unscaled rate η, then up by equal steps to kη, reached
+            # after warmup_steps. With nothing scaled it rises from 0, whose first step is not 0.
+            if self.factor > 1:
+                return self.lr + (peak - self.lr) * t / self.warmup_steps
+            return peak * (t + 1) / self.warmup_steps
         if self.schedule == "constant" or self.total_steps <= self.warmup_steps:
             return peak
         done = min(1.0, (t - self.warmup_steps) / (self.total_steps - self.warmup_steps))

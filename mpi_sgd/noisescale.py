@@ -48,8 +48,9 @@ def estimate(small_sq: float, big_sq: float, b_small: float, b_big: float) -> tu
 
 
 def noise_scale(g2: float, trace: float) -> float | None:
-    """B_noise = tr Σ / |G|²; None where |G|² is not positive (the estimate is still noise)."""
-    return trace / g2 if g2 > 0 and math.isfinite(trace) else None
+    """B_noise = tr Σ / |G|²; None where |G|² or tr Σ is not positive (either estimate is still noise:
+    a negative B_noise is no scale at all)."""
+    return trace / g2 if g2 > 0 and trace > 0 and math.isfinite(trace) else None
 
 
 class NoiseProbe:

@@ -294,6 +294,8 @@ class Trainer:
             self.sync.keep_gathered()
         if self.conv.target is not None and self.comm.is_root:
             print(self.conv.target.line(self.time_to_target()), flush=True)
+        if (note := self.conv.unfinished()) and self.comm.is_root:
+            print(note, flush=True)
         return self.metrics()
 
     def time_to_target(self) -> dict | None:

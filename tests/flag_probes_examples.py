@@ -244,7 +244,7 @@ PROBES["examples/speedup.py"] = Entry(
             "--plot {tmp}/s.png", at("mpi_sgd.perfmodel.plot_scaling", "path", lambda p: p.name == "s.png")
         ),
         "--b-noise": probe("--b-noise 50", prints(r"^to a target accuracy: B_noise = 50 \(--b-noise\)")),
-        "--metrics-json": probe("--metrics-json {tmp}/m.json", prints(r"B_noise = 40 \(mean over the epochs")),
+        "--metrics-json": probe("--metrics-json {tmp}/m.json", prints(r"B_noise = 40 \(the epochs' mean estimates")),
         "--s-min": probe("--b-noise 50 --s-min 10", prints(r"^time to the target: R = 1: ")),
     },
 )

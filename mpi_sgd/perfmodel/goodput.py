@@ -139,7 +139,10 @@ def best(points: Sequence[TargetPoint]) -> TargetPoint:
 def best_batch(
     compute: Compute, sync: Callable[[int], float], ranks: int, batches: Sequence[int], b_noise: float
 ) -> tuple[int, float]:
-    """(per-rank batch, its time to the target in units of S_min·seconds) minimising time at ``ranks``."""
+    """(per-rank batch, its time to the target in units of S_min·seconds) minimising time at ``ranks``.
+    ``compute`` must say the batch its time was measured at, to scale it to each candidate."""
+    if compute.batch is None:
+        raise ValueError("best_batch needs Compute(t_comp, batch): the batch t_comp was measured at")
     timed = []
     for b in batches:
         (point,) = [p for p in time_to_target(compute, sync, [ranks], b, b_noise) if p.ranks == ranks]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import inspect
+import json
 import sys
 from dataclasses import fields
 
@@ -34,7 +35,8 @@ def write_inputs(tmp_path) -> None:
     cal = Calibration(pm.Network(1e-6, 1e-10), "ring", StepTiming(0.01, 64, 1000, "mlp"), (SweepPoint(4, 2, 1, 1, 1),))
     cal.save(tmp_path / "c.json")
     (tmp_path / "hosts").write_text("x:2\ny:1\n")
-    (tmp_path / "m.json").write_text('{"epochs": [{"b_noise": 30.0}, {"b_noise": 50.0}]}')  # speedup --metrics-json
+    epochs = [{"b_noise": b, "noise": {"g2": 1.0, "trace": b}} for b in (30.0, 50.0)]  # speedup --metrics-json
+    (tmp_path / "m.json").write_text(json.dumps({"epochs": epochs}))
 
 
 def test_every_entry_point_has_probes():

@@ -83,3 +83,8 @@ def test_best_ranks_and_batch():
     rows = pm.target_rows(points, extrapolated=2)
     assert [r[0] for r in rows] == ["1", "2", "4*", "8*", "16*", "32*"]
     assert list(itertools.chain(rows))[0][-1] == "baseline"
+
+
+def test_best_batch_needs_the_batch_its_compute_time_was_measured_at():
+    with pytest.raises(ValueError, match="needs Compute\\(t_comp, batch\\)"):
+        pm.best_batch(pm.Compute(1.0), pm.FixedSync(0.01), 4, [8, 16, 32], 10)  # else every batch costs the same

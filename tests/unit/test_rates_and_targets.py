@@ -24,8 +24,8 @@ def test_scaling_rules():
 def test_warmup_rises_from_the_unscaled_rate_to_the_scaled_one():
     s = LRSchedule(lr=0.1, factor=4.0, warmup_steps=10, total_steps=100)
     rates = [s.next_rate() for _ in range(12)]
-    assert rates[0] == pytest.approx(0.1 + 0.3 * 1 / 10, rel=1e-12)  # Goyal et al.: from eta towards k*eta
-    assert rates[9] == pytest.approx(0.4, rel=1e-12)
+    assert rates[0] == 0.1  # Goyal et al.: the first step at eta, then equal steps up to k*eta
+    assert rates[9] == pytest.approx(0.1 + 0.3 * 9 / 10, rel=1e-12)
     assert rates[10:] == [pytest.approx(0.4, rel=1e-12)] * 2
     assert all(a < b for a, b in zip(rates[:10], rates[1:10], strict=False))
 
@@ -108,3 +108,27 @@ def test_noise_scale_at_one_process_needs_micro_batches():
         TrainConfig(noise_scale=True).check_machine(1)
     TrainConfig(noise_scale=True, grad_accum=2, batch_size=32).check_machine(1)
     TrainConfig(noise_scale=True).check_machine(2)
+
+
+def test_a_negative_estimate_gives_no_noise_scale():
+    from mpi_sgd.noisescale import estimate, noise_scale
+
+    g2, trace = estimate(1.0, 1.2, 32, 64)  # the big batch's norm above the small's: noise
+    assert g2 > 0 > trace and noise_scale(g2, trace) is None
+    assert noise_scale(2.0, 300.0) == 150.0
+
+
+def test_adascale_says_where_its_schedule_stopped_short():
+    from types import SimpleNamespace
+
+    from mpi_sgd.convergence import Convergence
+
+    s = LRSchedule(lr=0.1, adascale=True, scale=4.0, total_steps=400, schedule="cosine")
+    s.g2, s.var = 1.0, 1.0  # gain (1 + 1)/(1/4 + 1) = 1.6 < S = 4
+    for _ in range(100):
+        s.next_rate()
+    note = Convergence.unfinished(SimpleNamespace(schedule=s))
+    assert note.startswith("AdaScale: the cosine schedule got to 160 of its 400 scale-invariant steps (the gain ")
+    assert "averaged 1.60 of S = 4" in note
+    s.tau = 400.0
+    assert Convergence.unfinished(SimpleNamespace(schedule=s)) is None
