@@ -30,27 +30,37 @@ class Bucket:
     reduced in place. A view into a bucket would cost a zeroing pass and an accumulating add per
     step instead of autograd simply handing its fresh tensor over.
 
-    A *shared* bucket (node-shared memory, ``views`` set) holds every tensor, solo or not, since
+    A *shared* bucket (node-shared memory, ``shared``) holds every tensor, solo or not, since
     its all-reduce is much cheaper than MPI's. There autograd still hands its fresh gradient over,
     and :meth:`land` copies it into the bucket from the parameter's hook while it is in cache: one
     copy instead of a zeroing pass, a read of the fresh gradient and a read-modify-write of the
     bucket.
+
+    Whoever sets ``.grad`` to None behind the strategy's back (``optimizer.zero_grad()``, whose
+    default does) makes autograd hand over a fresh tensor where the bucket expected to accumulate
+    in place: :meth:`ensure_buffer` lands such gradients (and re-reads a solo bucket's tensor)
+    before each all-reduce, so what is reduced is always this step's gradient, never last step's.
     """
 
-    __slots__ = ("buffer", "params", "solo", "name", "request", "started", "finished", "views")
+    __slots__ = ("buffer", "params", "solo", "name", "request", "started", "finished", "views", "shared")
 
-    def __init__(self, buffer: torch.Tensor | None, params: list[nn.Parameter], name: str, views=None):
+    def __init__(self, buffer, params: list[nn.Parameter], name: str, views=None, shared: bool = False):
         self.buffer, self.params, self.solo, self.name = buffer, params, buffer is None, name
         self.request, self.started, self.finished = None, 0.0, None
-        self.views = views  # shared buckets: {id(param): its slot in buffer}
+        self.views = views  # buckets of a buffer: {id(param): its slot in buffer}
+        self.shared = shared  # in node-shared memory: gradients land from the hooks
 
     def zero_grad(self) -> None:
-        if self.views is not None:
+        if self.shared:
             for p in self.params:
                 p.grad = None
         elif self.solo:
             self.params[0].grad = self.buffer = None
-        else:
+        else:  # each .grad back in its slot (set to None, or replaced, since), then one zeroing pass
+            for p in self.params:
+                view = self.views[id(p)]
+                if p.grad is not view:
+                    p.grad = view
             self.buffer.zero_()
 
     def land(self, p: nn.Parameter) -> None:
@@ -64,12 +74,14 @@ class Bucket:
             p.grad = view  # later micro-batches accumulate into the slot in place
 
     def ensure_buffer(self) -> torch.Tensor:
-        if self.views is not None:  # gradients whose hook did not run (unused this step) land now
+        """The buffer to all-reduce now, holding this step's gradients: those not in their slot
+        (unused this step, or a fresh tensor after ``.grad`` was set to None) land first."""
+        if self.views is not None:
             for p in self.params:
                 self.land(p)
-        elif self.buffer is None:  # a solo parameter with no gradient yet (unused this step)
+        else:  # solo: the parameter's own gradient tensor, whichever it is this step
             p = self.params[0]
-            if p.grad is None:
+            if p.grad is None:  # unused this step
                 p.grad = torch.zeros_like(p)
             self.buffer = p.grad
         return self.buffer
@@ -104,21 +116,24 @@ def make_buckets(params: list[nn.Parameter], bucket_bytes: float, alloc=None) ->
         size += nbytes
     buckets = []
     for group in groups:
-        if len(group) == 1 and alloc is None:
+        # alone and laid out as MPI takes it (a channels_last tensor gets a contiguous slot instead)
+        if len(group) == 1 and alloc is None and group[0].is_contiguous():
             buckets.append(Bucket(None, group, f"allreduce[{len(buckets)}]"))
             continue
         numel = sum(p.numel() for p in group)
         buffer = alloc(numel, group[0].dtype) if alloc else comm_zeros(numel, group[0].dtype, group[0].device)
         offset, views = 0, {}
         for p in group:
-            view = views[id(p)] = buffer[offset : offset + p.numel()].view_as(p)
+            # laid out as p is (channels_last, say), so that autograd accumulates into it as it is
+            layout = torch.empty_like(p, device="meta").stride()
+            view = views[id(p)] = buffer[offset : offset + p.numel()].as_strided(p.shape, layout)
             if p.grad is not None:
                 view.copy_(p.grad)
             # Autograd accumulates into an existing .grad in place, so gradients land in the
-            # bucket directly. This holds only while nobody sets .grad to None: the trainer zeroes
-            # through zero_grad(), never optimizer.zero_grad() (which frees the views).
-            # Shared buckets set it to None on purpose and land each gradient from its hook.
+            # bucket directly while .grad stays the view (zero_grad() zeroes the buffer instead);
+            # a .grad set to None is landed before the all-reduce (ensure_buffer). Shared buckets
+            # set it to None on purpose and land each gradient from its hook.
             p.grad = view
             offset += p.numel()
-        buckets.append(Bucket(buffer, group, f"allreduce[{len(buckets)}]", views if alloc else None))
+        buckets.append(Bucket(buffer, group, f"allreduce[{len(buckets)}]", views, shared=alloc is not None))
     return buckets

@@ -148,6 +148,8 @@ class NaiveAllReduce(GradSync):
         for p in self.params:
             if p.grad is None:  # unused this step; every rank must still make the same calls
                 p.grad = torch.zeros_like(p)
+            elif not p.grad.is_contiguous():  # channels_last, say: MPI takes contiguous memory
+                p.grad = p.grad.contiguous()
             self.comm.allreduce(self.outgoing(p.grad), "avg")
         t1 = time.perf_counter()
         self.seconds += t1 - t0
@@ -162,7 +164,7 @@ class FlatAllReduce(GradSync):
         self.buckets = make_buckets(self.params, float("inf"), shared_alloc(comm, self.params, shared))
         self.loss_scale = 1.0 / comm.size  # the ranks' sum is then the average
         for b in self.buckets:
-            if b.views is not None:
+            if b.shared:
                 for p in b.params:
                     p.register_post_accumulate_grad_hook(b.land)
 
@@ -209,7 +211,7 @@ class BucketedAllReduce(FlatAllReduce):
         bucket = self.buckets[i]
 
         def hook(param):
-            if bucket.views is not None:
+            if bucket.shared:
                 bucket.land(param)
             if not self._sending:
                 return  # not the final micro-batch: keep accumulating locally

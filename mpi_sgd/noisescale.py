@@ -104,7 +104,7 @@ class NoiseProbe:
         """R = 1: after the first micro-batch's backward, its gradient (mean over B/k, divided by k)."""
         if self.world_size > 1 or self.grad_accum == 1:
             return
-        sq = sum(p.grad.view(-1).dot(p.grad.view(-1)).double() for p in params if p.grad is not None)
+        sq = sum(p.grad.reshape(-1).dot(p.grad.reshape(-1)).double() for p in params if p.grad is not None)
         self._step[0] += sq * self.grad_accum**2
         self._step[1] += 1
 
@@ -143,7 +143,7 @@ def sliced_sq_norm(tensors, rank: int, size: int) -> torch.Tensor:
     for t in tensors:
         if t is None:  # no gradient this step
             continue
-        flat = t.view(-1)
+        flat = t.reshape(-1)  # (a copy only for a tensor laid out otherwise, channels_last say)
         seg = flat[flat.numel() * rank // size : flat.numel() * (rank + 1) // size]
         total = total.to(seg.device) + seg.dot(seg).double()
     return total

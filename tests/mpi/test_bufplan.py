@@ -67,6 +67,19 @@ def test_a_tensor_that_starts_requiring_grad_is_refused(mpicomm):
         mpicomm.broadcast(t)
 
 
+def test_a_tensor_transposed_or_retyped_in_place_is_seen(mpicomm):
+    t = torch.arange(6.0).view(2, 3) + mpicomm.rank
+    mpicomm.allreduce(t)
+    t.t_()  # the same memory, now in another order: sent as the plan had it, it would be wrong
+    with pytest.raises(CommError, match="contiguous"):
+        mpicomm.allreduce(t)
+    t.t_()
+    t.data = t.view(torch.int32)  # the same bytes as another dtype: a sum of int32, not of floats
+    t.fill_(-(mpicomm.rank + 1))  # as float32 bits these are NaNs: a stale plan's sum is no integer
+    mpicomm.allreduce(t)
+    assert bufplan.plan(t).dtype is torch.int32 and torch.all(t == -rank_sum(mpicomm))
+
+
 def test_a_dead_tensors_plan_goes_with_it(mpicomm):
     gc.collect()
     before = bufplan.kept()

@@ -52,12 +52,14 @@ def plan(buf: torch.Tensor) -> _Plan | None:
     ``buf`` is not a contiguous CPU tensor MPI can take as it is (the caller then takes its
     checked path, which names what is wrong)."""
     found = _plans.get(id(buf))
-    if (
-        found is not None
+    if (  # the same tensor, still laid out as planned: in place, t_(), .data = a view of another dtype
+        found is not None  # and resize_() each change one of these
         and found.ref() is buf
         and buf.data_ptr() == found.ptr
         and buf.nbytes == found.nbytes
+        and buf.dtype is found.dtype
         and not buf.requires_grad
+        and buf.is_contiguous()
     ):
         return found
     mpitype = mpitypes.datatype(buf.dtype)

@@ -59,9 +59,12 @@ def _spec(buf):
 
 
 def _mpi_op(op: str, buf):
-    """MPI's op for ``op`` on ``buf``'s dtype (a user-defined one for the 16-bit floats)."""
+    """MPI's op for ``op`` on ``buf``'s dtype (a user-defined one for the 16-bit floats; a logical
+    one for booleans, numpy's as torch's: MPI defines no sum of C_BOOL)."""
     check_op(op)  # raises with the list of valid ops
-    return mpitypes.reduce_op(op, buf.dtype) if isinstance(buf, torch.Tensor) else _NUMPY_OPS[op]
+    if isinstance(buf, torch.Tensor):
+        return mpitypes.reduce_op(op, buf.dtype)
+    return mpitypes.reduce_op(op, torch.bool) if buf.dtype == bool else _NUMPY_OPS[op]
 
 
 def _wildcard(value: int, mpi_value: int) -> int:
@@ -219,7 +222,8 @@ class MPIComm(Communicator):
             check_avg(buf)
         if self.rank == root:
             if mpitypes.OLD_MPICH:  # its in-place Reduce crashes (see mpitypes): from a copy instead
-                mine = buf.clone()  # held here: _spec names the memory without keeping the tensor alive
+                mine = buf.clone() if isinstance(buf, torch.Tensor) else buf.copy()  # held here: _spec
+                # names the memory without keeping the copy alive
                 self.comm.Reduce(_spec(mine), _spec(buf), _mpi_op(op, buf), root)
             else:
                 self.comm.Reduce(MPI.IN_PLACE, _spec(buf), _mpi_op(op, buf), root)
@@ -254,13 +258,14 @@ class MPIComm(Communicator):
         return recvbuf
 
     def ireduce_scatter(self, sendbuf, recvbuf, counts: Sequence[int] | None = None, op="sum"):
-        send, recv = as_array(sendbuf).reshape(-1), as_array(recvbuf).reshape(-1)
-        counts = list(counts) if counts is not None else split_counts(send.size, self.size)
+        n = sendbuf.numel() if isinstance(sendbuf, torch.Tensor) else sendbuf.size
+        counts = list(counts) if counts is not None else split_counts(n, self.size)
         finish = None
         if op == "avg":
-            check_avg(recv)
-            finish = lambda: recv.__itruediv__(self.size)  # noqa: E731
-        handle = self.comm.Ireduce_scatter(send, recv, counts, _mpi_op(op, sendbuf))
+            check_avg(recvbuf)
+            finish = lambda: recvbuf.__itruediv__(self.size)  # noqa: E731
+        # _spec, as the blocking call: bfloat16 and float16 travel as MPI's user-defined ops take them
+        handle = self.comm.Ireduce_scatter(_spec(sendbuf), _spec(recvbuf), counts, _mpi_op(op, sendbuf))
         return Request(handle, _wait, _test, finish, keep=(sendbuf, recvbuf))
 
     def iallgather(self, sendbuf, recvbuf):

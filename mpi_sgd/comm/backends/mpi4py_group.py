@@ -26,6 +26,11 @@ NAME = "mpi4py"
 _DEFAULT = SimpleNamespace(reduceOp=dist.ReduceOp.SUM, rootRank=0)
 
 
+def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two (contiguous) tensors share any byte of memory."""
+    return a.data_ptr() < b.data_ptr() + mpitypes.nbytes(b) and b.data_ptr() < a.data_ptr() + mpitypes.nbytes(a)
+
+
 class _Op(NamedTuple):
     """One started MPI operation: its requests, what to do once they are done, what to keep alive."""
 
@@ -117,8 +122,10 @@ class MPI4PyProcessGroup(GroupChecks, dist.ProcessGroup):
                 f"elements of {output.dtype}), got {input.numel()} of {input.dtype}"
             )
         name, op = self._op(reduce_op, output.dtype, call)
+        if _overlap(input, output):  # reduce_scatter_tensor(x[:n], x): MPI forbids aliased buffers
+            input = input.clone()
         req = self.comm.Ireduce_scatter_block(mpitypes.buffer(input), mpitypes.buffer(output), op)
-        return _Op([req], self._divide(name, output))
+        return _Op([req], self._divide(name, output), keep=input)
 
     def reduce_scatter_single(self, output, input, opts=_DEFAULT):
         """``dist.reduce_scatter_tensor``: block ``rank`` of the reduction of ``input`` lands in ``output``."""
@@ -156,7 +163,9 @@ class MPI4PyProcessGroup(GroupChecks, dist.ProcessGroup):
 
     def _allgather(self, slots, t: torch.Tensor, call: str) -> _Op:
         slots = self._slots(slots, check(t, call), call)
-        return _Op([self.comm.Iallgatherv(mpitypes.as_bytes(t), mpitypes.scattered(slots))])
+        if t is slots[self._rank] or any(_overlap(t, s) for s in slots):  # in place, or aliased: a copy
+            t = t.clone()
+        return _Op([self.comm.Iallgatherv(mpitypes.as_bytes(t), mpitypes.scattered(slots))], keep=t)
 
     def allgather(self, output_tensors, input_tensors, opts=_DEFAULT):
         t = single(input_tensors, "all_gather")
@@ -176,7 +185,12 @@ class MPI4PyProcessGroup(GroupChecks, dist.ProcessGroup):
                 f"mpi4py backend: {call}: output must be {self._size} x input ({input.numel()} "
                 f"elements of {input.dtype}), got {output.numel()} of {output.dtype}"
             )
-        return _Op([self.comm.Iallgather(mpitypes.buffer(input), mpitypes.buffer(output))])
+        if input.data_ptr() == output.data_ptr() + self._rank * mpitypes.nbytes(input):
+            # all_gather_into_tensor(out, out.chunk(R)[rank]), as FSDP calls it: MPI's in-place form
+            return _Op([self.comm.Iallgather(MPI.IN_PLACE, mpitypes.buffer(output))])
+        if _overlap(input, output):  # aliased elsewhere in output: MPI forbids it, so from a copy
+            input = input.clone()
+        return _Op([self.comm.Iallgather(mpitypes.buffer(input), mpitypes.buffer(output))], keep=input)
 
     def all_gather_single(self, output, input, opts=_DEFAULT):
         """``dist.all_gather_into_tensor``: ``output`` gets every rank's ``input``, in rank order."""

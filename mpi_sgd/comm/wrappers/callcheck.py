@@ -32,8 +32,9 @@ caller's overlap. Ranks that make a different *number* of calls, or one a blocki
 non-blocking call, are a stall, which the watchdog names.
 
 It covers the reductions, whose results a caller reads (``allreduce``, ``iallreduce``,
-``reduce_scatter``, ``ireduce_scatter``), on the mpi4py backend; torch's backends check lengths
-themselves (gloo aborts with ``op.preamble.length <= op.nbytes``). Its cost is measured by
+``reduce_scatter``, ``ireduce_scatter``, whose cut into shares is part of the call), on the mpi4py
+backend; an all-reduce of a node-shared buffer is left to the shared path's own check; torch's
+backends check lengths themselves (gloo aborts with ``op.preamble.length <= op.nbytes``). Its cost is measured by
 ``mpi-sgd bench allreduce --impls seam,seam-checked``; ``MPI_SGD_CALL_CHECK=0`` turns it off.
 A 31-bit code can collide: two different calls that share a code (odds about 1 in 2**31) pass.
 """
@@ -89,22 +90,26 @@ class CallCheck(CommWrapper):
             self.side = None
         super().close()
 
-    def _word(self, name: str, buf, op: str) -> tuple:
+    def _word(self, name: str, buf, op: str, counts=None) -> tuple:
         """The call's description, its code ``h`` and the template ``(h, -h)``, made once per kind
-        of call: a dictionary lookup is what the common case costs."""
-        count = buf.numel() if type(buf) is torch.Tensor else buf.size  # the seam takes numpy arrays too
-        key = (name, count, buf.dtype, op)
+        of call: a dictionary lookup is what the common case costs. ``counts``: a reduce-scatter's
+        share per rank, part of the call (ranks that cut the buffer differently disagree too)."""
+        # (the seam takes numpy arrays too; a tensor subclass, nn.Parameter, counts as a tensor)
+        count = buf.numel() if isinstance(buf, torch.Tensor) else buf.size
+        counts = tuple(counts) if counts is not None else None
+        key = (name, count, buf.dtype, op, counts)
         found = self._codes.get(key)
         if found is None:
             text = f"{name} of {count} {str(buf.dtype).replace('torch.', '')}, op {op}"
+            text += f", counts {list(counts)}" if counts is not None else ""
             code = zlib.crc32(text.encode()) & 0x7FFFFFFF
             found = self._codes[key] = (text, np.array([code, -code], dtype=np.int64), code)
         return found
 
-    def _agree_here(self, name: str, buf, op: str) -> None:
+    def _agree_here(self, name: str, buf, op: str, counts=None) -> None:
         """A blocking call agreed in shared memory (see the module docstring); raises on disagreement."""
         self.calls += 1
-        text, _, code = self._word(name, buf, op)
+        text, _, code = self._word(name, buf, op, counts)
         seq = self._seq = self._seq % 0x7FFFFFFF + 1  # never 0, which a fresh page holds; below 2**31
         ahead, word = seq % 0x7FFFFFFF + 1, (seq << 32) | code
         self._mine[WORD] = word
@@ -130,9 +135,9 @@ class CallCheck(CommWrapper):
         missing = lambda: [q for q, p in pages.items() if p[WORD] >> 32 not in (seq, ahead)]  # noqa: E731
         self._here.spin(missing, f"to make reduction call #{self.calls}")
 
-    def _start(self, name: str, buf, op: str, blocking: bool = False):
+    def _start(self, name: str, buf, op: str, blocking: bool = False, counts=None):
         self.calls += 1
-        text, template, _ = self._word(name, buf, op)
+        text, template, _ = self._word(name, buf, op, counts)
         word = template.copy()
         MPI = self._MPI
         # Blocking, it is MPI's fastest small all-reduce; non-blocking, it can overlap the call.
@@ -168,23 +173,26 @@ class CallCheck(CommWrapper):
             self._ready()
         return self._skip is not None and self._skip(buf)
 
-    def _blocking(self, name, buf, op, call, *args):
+    def _blocking(self, name, buf, op, call, *args, counts=None):
         if self.side is None:
             self._ready()
-        if self._skip is not None and self._skip(buf):  # _unchecked(), inline: every call pays for it
+        # _unchecked(), inline: every call pays for it (a reduce-scatter never takes the shared path)
+        if counts is None and name == "allreduce" and self._skip is not None and self._skip(buf):
             return call(*args)
         # The check first: a blocking reduction with mismatched lengths may not return at all
         # (MPICH's shared-memory algorithms wait for bytes that never come), so it is not started.
         if self._here is not None:
-            self._agree_here(name, buf, op)
+            self._agree_here(name, buf, op, counts)
         else:
-            self._finish(self._start(name, buf, op, blocking=True))
+            self._finish(self._start(name, buf, op, blocking=True, counts=counts))
         return call(*args)
 
-    def _nonblocking(self, name, buf, op, call, *args) -> Request:
-        if self._unchecked(buf):
+    def _nonblocking(self, name, buf, op, call, *args, counts=None) -> Request:
+        if name == "iallreduce" and self._unchecked(buf):
             return call(*args)
-        check = self._start(name, buf, op)
+        if self.side is None:
+            self._ready()
+        check = self._start(name, buf, op, counts=counts)
         inner = call(*args)  # both in flight; wait() settles the check first, for the same reason
 
         def wait(r):
@@ -206,8 +214,17 @@ class CallCheck(CommWrapper):
         return self._nonblocking("iallreduce", buf, op, self.inner.iallreduce, buf, op)
 
     def reduce_scatter(self, sendbuf, recvbuf, counts=None, op="sum"):
-        return self._blocking("reduce_scatter", sendbuf, op, self.inner.reduce_scatter, sendbuf, recvbuf, counts, op)
+        call, share = self.inner.reduce_scatter, _counts(sendbuf, recvbuf, counts)
+        return self._blocking("reduce_scatter", sendbuf, op, call, sendbuf, recvbuf, counts, op, counts=share)
 
     def ireduce_scatter(self, sendbuf, recvbuf, counts=None, op="sum") -> Request:
-        call = self.inner.ireduce_scatter
-        return self._nonblocking("ireduce_scatter", sendbuf, op, call, sendbuf, recvbuf, counts, op)
+        call, share = self.inner.ireduce_scatter, _counts(sendbuf, recvbuf, counts)
+        return self._nonblocking("ireduce_scatter", sendbuf, op, call, sendbuf, recvbuf, counts, op, counts=share)
+
+
+def _counts(sendbuf, recvbuf, counts) -> tuple:
+    """A reduce-scatter's cut, as part of the call: the counts given, else this rank's share (the
+    receive buffer's length: equal shares, which ranks expecting others would not have)."""
+    if counts is not None:
+        return tuple(int(c) for c in counts)
+    return (recvbuf.numel() if isinstance(recvbuf, torch.Tensor) else recvbuf.size,)
