@@ -12,6 +12,7 @@ import importlib
 import sys
 
 from .args import ArgumentParser, run_command
+from .launch import JobFailed
 
 # command -> the module that registers it. Only the command being run is imported: the
 # benchmarks import torch (seconds on a busy host), and `mpi-sgd doctor` must answer quickly.
@@ -30,7 +31,11 @@ def build_parser(only: str | None = None) -> ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     only = argv[0] if argv and argv[0] in COMMANDS else None
-    return run_command(build_parser(only).parse_args(argv))
+    try:
+        return run_command(build_parser(only).parse_args(argv))
+    except JobFailed as e:  # a job a benchmark started failed: its command and output, not our traceback
+        print(f"mpi-sgd: {e}", file=sys.stderr, flush=True)
+        return 1
 
 
 if __name__ == "__main__":

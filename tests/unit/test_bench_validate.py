@@ -126,3 +126,41 @@ def test_the_table_fits_120_columns_with_spreads_as_two_tables_of_the_same_rows(
     rows = [[c.strip() for c in line.strip("|").split("|")] for line in text.splitlines() if line.startswith("|")]
     assert [r[2] for r in rows if r[0] == "config"] == ["pred step (ms)", "pred T_sync/T_comp"]
     assert text.count("B=65536") == 4  # R = 1 and 2, in each table
+
+
+def test_a_calibration_sweep_refused_for_noise_is_swept_once_more(monkeypatch, tmp_path, capsys):
+    from types import SimpleNamespace
+
+    from mpi_sgd.launch import JobFailed
+
+    calls = []
+
+    def run(ranks, transport, *argv):
+        calls.append(argv)
+        if len(calls) == 1:
+            raise JobFailed(
+                ["mpiexec"], 2, "error: the all-reduces up to 1 MiB showed no cost per byte above the noise"
+            )
+
+    monkeypatch.setattr(validate, "_run", run)
+    monkeypatch.setattr("mpi_sgd.calibrate.Calibration.load", staticmethod(lambda path: "loaded"))
+    args = SimpleNamespace(out_dir=tmp_path, max_bytes=1 << 20, transport="shm")
+    assert validate.calibrate(8, 2, args) == "loaded" and len(calls) == 2 and calls[0] == calls[1]
+    assert "sweeping once more" in capsys.readouterr().out
+    calls.clear()
+    monkeypatch.setattr(validate, "_run", lambda *a: (_ for _ in ()).throw(JobFailed(["mpiexec"], 1, "Traceback")))
+    with pytest.raises(JobFailed):  # any other failure is not retried
+        validate.calibrate(8, 2, args)
+
+
+def test_a_failed_job_under_the_cli_is_its_output_not_a_traceback(monkeypatch, capsys):
+    from mpi_sgd import cli
+    from mpi_sgd.launch import JobFailed
+
+    def failing(namespace):
+        raise JobFailed(["mpiexec", "-n", "2"], 2, "error: refused\n")
+
+    monkeypatch.setattr(cli, "run_command", failing)
+    assert cli.main(["doctor"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("mpi-sgd: mpiexec -n 2 failed (exit 2):\nerror: refused") and "Traceback" not in err

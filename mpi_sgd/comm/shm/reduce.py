@@ -61,8 +61,9 @@ def reduce_slice(
 
     ``divide_by`` > 1 divides the result ("avg"); with ``push`` the result is then written into
     every source buffer too, chunk by chunk. ``half`` (float16 or bfloat16, whose windows hold
-    float16 or uint16 to numpy) sums in float32 and rounds once, as MPI's user-defined ops for
-    16-bit floats do (:mod:`mpi_sgd.comm.backends.mpitypes`): R-1 roundings to 8 or 11 bits would cost R-1 times that.
+    float16 or uint16 to numpy) sums in float32 and rounds once. MPI's user-defined ops for 16-bit
+    floats (:mod:`mpi_sgd.comm.backends.mpitypes`) round after each of MPI's R-1 additions, as they
+    must, so from three ranks on the two paths can differ in the last bits; once is the closer sum.
     """
     if half is not None:
         return _reduce_half(acc_view, sources, a, b, op, push, divide_by, half)
