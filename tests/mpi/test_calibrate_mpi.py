@@ -3,9 +3,26 @@
 Only COMM_WORLD (the conftest's ``world``): calibration goes through the seam like any caller,
 and the other communicators are covered by the collective tests; timing each would only cost time."""
 
+import os
+import re
+
 import pytest
+from mpi4py import MPI
 
 from mpi_sgd.calibrate import SweepRefused, calibrate, fit_network, measure_allreduce
+
+
+def timing_is_noise(world) -> str | None:
+    """Why a sweep's timing says nothing here, or None: more ranks than cores under an MPICH before
+    5 (Debian 12's 4.0.2), which has no ``MPIR_CVAR_ENABLE_HEAVY_YIELD``, so its waiting ranks poll
+    and every all-reduce waits for the scheduler. Its sweeps to 4 MiB at three ranks on two cores
+    then showed no cost per byte twice running, with nothing else on the machine (2026-12-02)."""
+    cores = len(os.sched_getaffinity(0))
+    found = re.match(r"MPICH Version:\s+(\d+)", MPI.Get_library_version())
+    if world.size > cores and found and int(found.group(1)) < 5:
+        mpich = found.group(1)
+        return f"{world.size} ranks on {cores} cores under MPICH {mpich}, whose waiting ranks poll: timing is noise"
+    return None
 
 
 def twice(sweep):
@@ -34,6 +51,8 @@ def test_fit_from_a_real_sweep(world):
     # where bytes dominate. Up to 256 KiB only, a loaded machine (three ranks on two cores and a job beside
     # them) timed a 4-byte all-reduce slower than a 256 KiB one, and the fit rightly refused a sweep
     # that showed no cost per byte (docs/contributing/tests.md).
+    if why := timing_is_noise(world):
+        pytest.skip(why)
     sizes = [4, 256, 16384, 262144, 1 << 20, 1 << 22]
     net = twice(lambda: fit_network(measure_allreduce(world, sizes, rounds=2), gamma=0.0))
     assert net.alpha >= 0 and net.beta > 0
@@ -44,6 +63,8 @@ def test_fit_from_a_real_sweep(world):
 @pytest.mark.mpi
 def test_calibrate_is_collective_and_consistent(world):
     # 4 MiB: a smaller largest size can show no cost per byte on a loaded machine, and is refused
+    if why := timing_is_noise(world):
+        pytest.skip(why)
     cal = twice(lambda: calibrate(world, sizes=[4, 1 << 22], layers=(8, 16, 4), batch=4))
     assert cal.step.params == 8 * 16 + 16 + 16 * 4 + 4
     assert len(cal.sweep) == (2 if world.size > 1 else 0)
