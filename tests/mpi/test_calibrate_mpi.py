@@ -15,8 +15,8 @@ from mpi_sgd.calibrate import SweepRefused, calibrate, fit_network, measure_allr
 def timing_is_noise(world) -> str | None:
     """Why a sweep's timing says nothing here, or None: more ranks than cores under an MPICH before
     5 (Debian 12's 4.0.2), which has no ``MPIR_CVAR_ENABLE_HEAVY_YIELD``, so its waiting ranks poll
-    and every all-reduce waits for the scheduler. Its sweeps to 4 MiB at three ranks on two cores
-    then showed no cost per byte twice running, with nothing else on the machine (2026-12-02)."""
+    and every all-reduce waits for the scheduler: a sweep there can show no cost per byte at all,
+    twice running, on an idle machine (docs/contributing/tests.md has the run)."""
     cores = len(os.sched_getaffinity(0))
     found = re.match(r"MPICH Version:\s+(\d+)", MPI.Get_library_version())
     if world.size > cores and found and int(found.group(1)) < 5:
