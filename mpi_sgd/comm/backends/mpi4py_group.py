@@ -163,7 +163,7 @@ class MPI4PyProcessGroup(GroupChecks, dist.ProcessGroup):
 
     def _allgather(self, slots, t: torch.Tensor, call: str) -> _Op:
         slots = self._slots(slots, check(t, call), call)
-        if t is slots[self._rank] or any(_overlap(t, s) for s in slots):  # in place, or aliased: a copy
+        if any(_overlap(t, s) for s in slots):  # one of the outputs (in place), or inside one: a copy
             t = t.clone()
         return _Op([self.comm.Iallgatherv(mpitypes.as_bytes(t), mpitypes.scattered(slots))], keep=t)
 
