@@ -121,7 +121,10 @@ def run_cli(*args: str, timeout: float = 150) -> subprocess.CompletedProcess:
     """``python -m mpi_sgd.cli args`` as one process that launches its own jobs (each ended by the
     launcher after MPIEXEC_TIMEOUT, before this call's own timeout); stdout and stderr as text."""
     cmd = [sys.executable, "-m", "mpi_sgd.cli", *args]
-    env = {**os.environ, "MPIEXEC_TIMEOUT": str(int(timeout) - 50)}
+    # One torch thread, as every job here: beside the other file's jobs a process of two threads
+    # (its default on two cores) spins at each parallel op's barrier while its second thread waits
+    # for a core (docs/contributing/tests.md has what it cost bench goodput's test).
+    env = {**os.environ, "MPIEXEC_TIMEOUT": str(int(timeout) - 50), "OMP_NUM_THREADS": "1"}
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env)
 
 
