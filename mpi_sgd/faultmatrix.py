@@ -120,6 +120,9 @@ class Outcome:
     bound: float
     message: str  # the line that matched, or why the case failed
     passed: bool
+    # The job's last lines, stdout's then stderr's: what a failed case's report shows, since the
+    # launcher's verdict (hydra's BAD TERMINATION block) and the ranks' lines go to different streams.
+    tail: str = ""
 
 
 def run_case(case: Case, script: str, stall_timeout: float, cwd: str | None = None) -> Outcome:
@@ -136,13 +139,21 @@ def run_case(case: Case, script: str, stall_timeout: float, cwd: str | None = No
         start = time.time()
         try:
             done = run_job(cmd, case.name, env=env, cwd=cwd, timeout=240)
-            status, output = done.returncode, done.stdout + done.stderr
+            status, out, err = done.returncode, done.stdout, done.stderr
         except subprocess.TimeoutExpired as e:
-            status, output = -9, f"hung: killed after {e.timeout} s\n" + str(e.stdout or "") + str(e.stderr or "")
+            status, out, err = -9, f"hung: killed after {e.timeout} s\n{e.stdout or ''}", str(e.stderr or "")
         finally:
             if undo:
                 undo()
-    return judge(case, status, output, start, time.time(), stall_timeout)
+    outcome = judge(case, status, out + err, start, time.time(), stall_timeout)
+    outcome.tail = f"stdout:\n{_last_lines(out)}\nstderr:\n{_last_lines(err)}"
+    return outcome
+
+
+def _last_lines(text: str | bytes, n: int = 15) -> str:
+    if isinstance(text, bytes):  # TimeoutExpired keeps what was read as bytes
+        text = text.decode(errors="replace")
+    return "\n".join(text.rstrip().splitlines()[-n:]) or "(nothing)"
 
 
 def judge(case: Case, status: int, output: str, start: float, end: float, stall_timeout: float) -> Outcome:

@@ -16,6 +16,6 @@ from .conftest import EXAMPLES, ROOT
 @pytest.mark.parametrize("case", faultmatrix.CASES, ids=[c.name for c in faultmatrix.CASES])
 def test_fault_case(case):
     outcome = faultmatrix.run_case(case, str(EXAMPLES / "sync_sgd.py"), stall_timeout=3.0, cwd=str(ROOT))
-    assert outcome.passed, f"{faultmatrix.table([outcome])}\n{outcome.message}"
+    assert outcome.passed, f"{faultmatrix.table([outcome])}\n{outcome.message}\n{outcome.tail}"
     if case.blame is not None:  # an injected fault: its row names the faulty rank (judge checks it too)
         assert f"rank {case.blame}" in outcome.message, outcome.message
