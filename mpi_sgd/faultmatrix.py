@@ -141,7 +141,7 @@ def run_case(case: Case, script: str, stall_timeout: float, cwd: str | None = No
             done = run_job(cmd, case.name, env=env, cwd=cwd, timeout=240)
             status, out, err = done.returncode, done.stdout, done.stderr
         except subprocess.TimeoutExpired as e:
-            status, out, err = -9, f"hung: killed after {e.timeout} s\n{e.stdout or ''}", str(e.stderr or "")
+            status, out, err = -9, f"hung: killed after {e.timeout} s\n{_text(e.stdout)}", _text(e.stderr)
         finally:
             if undo:
                 undo()
@@ -150,9 +150,12 @@ def run_case(case: Case, script: str, stall_timeout: float, cwd: str | None = No
     return outcome
 
 
-def _last_lines(text: str | bytes, n: int = 15) -> str:
-    if isinstance(text, bytes):  # TimeoutExpired keeps what was read as bytes
-        text = text.decode(errors="replace")
+def _text(read: str | bytes | None) -> str:
+    """What a timed-out run had printed: TimeoutExpired keeps it as bytes even for a text run."""
+    return read.decode(errors="replace") if isinstance(read, bytes) else read or ""
+
+
+def _last_lines(text: str, n: int = 15) -> str:
     return "\n".join(text.rstrip().splitlines()[-n:]) or "(nothing)"
 
 

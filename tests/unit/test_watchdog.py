@@ -275,6 +275,16 @@ def test_intel_mpis_report_of_every_rank_is_not_read_as_the_first_to_die():
     assert not judge(kill, 9, INTEL.replace("RANK 1 PID", "RANK 2 PID"), 990.0, 1000.5, 3).passed
 
 
+def test_a_failed_cases_report_keeps_each_streams_last_lines():
+    from mpi_sgd.faultmatrix import _last_lines, _text
+
+    # A timed-out run's output arrives as bytes (or None): read as text, never as b'...'.
+    assert _text(b"hydra: one\ntwo") == "hydra: one\ntwo" and _text(None) == "" and _text("x") == "x"
+    lines = "\n".join(f"line {i}" for i in range(40)) + "\n\n"
+    assert _last_lines(lines).splitlines() == [f"line {i}" for i in range(25, 40)]
+    assert _last_lines("") == "(nothing)"
+
+
 @pytest.mark.parametrize(
     "said, family",
     [
