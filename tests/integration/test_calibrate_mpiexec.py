@@ -8,6 +8,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 from mpi_sgd.calibrate import Calibration
 
 from .conftest import EXAMPLES
@@ -16,18 +18,22 @@ SCRIPT = EXAMPLES / "speedup.py"
 EIGHT_RANKS_ROW = re.compile(r"^\|\s*8 \|", re.MULTILINE)  # the table's last default row, R = 8
 
 
+# Room for a second sweep beside the first (below) within the suite's per-test limit.
+@pytest.mark.timeout(300)
 def test_calibrate_from_one_process_then_reuse(tmp_path):
     cal_path = tmp_path / "calibration.json"
     # Up to 1 MiB: below about 64 KiB the cost per byte hides in the noise of a loaded machine
     # (its sweep can show none, and the calibration is then refused).
     tiny = ["--max-bytes", "1MiB", "--layers", "16,32,32,4", "--batch-size", "8"]
-    out = subprocess.run(
-        [sys.executable, str(SCRIPT), "--calibrate", *tiny, "--save", str(cal_path), "--plot", str(tmp_path / "a.png")],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "MPIEXEC_TIMEOUT": "100"},
-    )
+    plot = str(tmp_path / "a.png")
+    cmd = [sys.executable, str(SCRIPT), "--calibrate", *tiny, "--save", str(cal_path), "--plot", plot]
+    env = {**os.environ, "MPIEXEC_TIMEOUT": "100"}
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
+    # A sweep whose cost per byte hides in a busy machine's noise is refused, rightly (exit 2, one
+    # line; tests/unit cover it); what this test checks is the path of one that shows it, so a
+    # refused sweep is measured once more, as `mpi-sgd bench validate` does. A second refusal stands.
+    if out.returncode == 2 and "no cost per byte" in out.stderr:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
     assert out.returncode == 0, out.stderr
     assert "measured at 2 rank(s)" in out.stdout and EIGHT_RANKS_ROW.search(out.stdout)
 
