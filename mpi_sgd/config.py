@@ -180,6 +180,15 @@ class TrainConfig:
                 f"--checkpoint {self.checkpoint!r} already holds checkpoints of another run; continue it with "
                 "--resume auto, or choose another directory",
             )
+            # Resuming from elsewhere into a directory of another run's checkpoints would interleave
+            # two runs' steps there: latest, --resume auto and --keep-checkpoints would mix models.
+            check(
+                self.resume in (None, *AUTO)
+                or _inside(self.resume, self.checkpoint)
+                or not checkpoints(self.checkpoint),
+                f"--checkpoint {self.checkpoint!r} already holds checkpoints of another run, and --resume "
+                f"{self.resume!r} is not one of them; write this run to an empty directory",
+            )
         check(self.checkpoint_every >= 0, f"--checkpoint-every must be 0 or more, got {self.checkpoint_every}")
         check(not self.checkpoint_every or bool(self.checkpoint), "--checkpoint-every needs --checkpoint DIR")
         check(self.keep_checkpoints >= 0, f"--keep-checkpoints must be 0 or more, got {self.keep_checkpoints}")
@@ -286,3 +295,9 @@ class TrainConfig:
             )
         if self.backend == "local" and world_size > 1:
             raise ValueError(f"--backend local is one process, but this job has {world_size}; use mpi4py or gloo")
+
+
+def _inside(path: str, directory: str) -> bool:
+    """Whether ``path`` is ``directory`` or lies within it (symbolic links resolved)."""
+    path, directory = os.path.realpath(path), os.path.realpath(directory)
+    return os.path.commonpath([path, directory]) == directory

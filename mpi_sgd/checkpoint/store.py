@@ -15,7 +15,7 @@ same way). A kill before the rename leaves a ``.tmp-*`` that no reader looks at;
 leaves a complete ``step-N``, with ``latest`` naming it or its predecessor. Either way the previous
 checkpoint is untouched: older ones are removed (``keep``) only after ``latest`` has moved on.
 
-"Newest" means most recently written (``meta.json`` records when), not highest step: a run resumed
+"Newest" means most recently written, not highest step: a run resumed
 from an earlier step into the same directory (a rollback after a divergence) writes lower steps
 than the run it abandoned, and it is the new run's checkpoints that ``latest`` names, that
 ``--resume auto`` takes and that ``keep`` keeps; the abandoned ones go first. Writing a step that
@@ -23,6 +23,13 @@ is already there swaps the new copy in with one atomic exchange where the OS has
 ``renameat2``), so ``latest`` never names a missing directory; elsewhere (NFS) the old copy is
 renamed aside first, and a kill between the two renames leaves ``latest`` naming nothing until
 ``--resume auto`` takes the newest copy that verifies.
+
+The order of writing is a number, not a time: each save records in ``meta.json`` a ``seq`` one past
+the highest in the directory (the directory's lock keeps a second job from racing it). Clocks
+order badly: two hosts' clocks disagree, and a root rank that moves between hosts, or a clock set
+back, would make an older checkpoint look newest, so that ``--resume auto`` took it and ``keep``
+deleted the checkpoints written after it. Checkpoints from before ``seq`` order among themselves
+by the time they recorded, after every checkpoint that has one.
 """
 
 from __future__ import annotations
@@ -107,7 +114,8 @@ def save(blob: bytes, meta: dict, directory: str, step: int, keep: int = 0) -> s
     os.makedirs(directory, exist_ok=True)
     remove_stale(directory)
     meta = {"format": FORMAT, "sha256": hashlib.sha256(blob).hexdigest(), "bytes": len(blob), **meta}
-    meta["written"] = time.time()  # the order of "newest" (see the module's docstring)
+    meta["seq"] = 1 + max((_order(p)[0] for _, p in _step_dirs(directory)), default=0)  # see the docstring
+    meta["written"] = time.time()  # for people, and to order checkpoints saved before "seq"
     tmp = _temp_name(directory)
     meta_blob = json.dumps(meta, indent=1).encode()
     try:
@@ -177,28 +185,34 @@ def _exchange(a: str, b: str) -> bool:
     return call(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0
 
 
-def _written(path: str) -> float:
-    """When the checkpoint at ``path`` was written: its ``meta.json``'s record, else the file's mtime
-    (checkpoints from before the record), else 0 (no readable ``meta.json``: sorted last)."""
+def _order(path: str) -> tuple[int, float]:
+    """``(seq, written)`` of the checkpoint at ``path``, the key of "newest": ``seq`` is -1 for a
+    checkpoint saved before it was recorded; ``written`` is ``meta.json``'s record, else the file's
+    mtime, else 0 (no readable ``meta.json``: sorted last)."""
     try:
         with open(os.path.join(path, META), "rb") as f:
-            when = json.loads(f.read()).get("written")
+            meta = json.loads(f.read())
+        seq, when = meta.get("seq"), meta.get("written")
+        seq = seq if isinstance(seq, int) and not isinstance(seq, bool) else -1
         if isinstance(when, (int, float)):
-            return float(when)
-        return os.stat(os.path.join(path, META)).st_mtime
+            return seq, float(when)
+        return seq, os.stat(os.path.join(path, META)).st_mtime
     except (OSError, ValueError, AttributeError):
-        return 0.0
+        return -1, 0.0
 
 
-def checkpoints(directory: str) -> list[str]:
-    """The ``step-N`` directories in ``directory``, newest (most recently written) first; among
-    checkpoints written at the same moment, the highest step first."""
+def _step_dirs(directory: str) -> list[tuple[int, str]]:
     try:
         names = os.listdir(directory)
     except OSError:
         return []
-    found = [(int(m.group(1)), os.path.join(directory, n)) for n in names if (m := _STEP.match(n))]
-    return [p for _, _, p in sorted(((_written(p), step, p) for step, p in found), reverse=True)]
+    return [(int(m.group(1)), os.path.join(directory, n)) for n in names if (m := _STEP.match(n))]
+
+
+def checkpoints(directory: str) -> list[str]:
+    """The ``step-N`` directories in ``directory``, newest (most recently written) first; among
+    checkpoints of the same order, the highest step first."""
+    return [p for _, _, p in sorted(((_order(p), step, p) for step, p in _step_dirs(directory)), reverse=True)]
 
 
 def latest(directory: str) -> str | None:

@@ -129,6 +129,22 @@ def test_a_fresh_run_into_a_used_directory_is_refused(tmp_path):
     TrainConfig(checkpoint=d, resume="auto")
 
 
+def test_a_resume_from_elsewhere_into_a_used_directory_is_refused(tmp_path):
+    # Run B's checkpoints written into run A's directory would interleave with A's: latest, --resume
+    # auto and --keep-checkpoints would then mix the two runs' models.
+    a, b = str(tmp_path / "a"), str(tmp_path / "b")
+    trainer(checkpoint=a, epochs=1).train()
+    trainer(checkpoint=b, epochs=1).train()
+    with pytest.raises(ValueError) as e:
+        TrainConfig(checkpoint=a, resume=os.path.join(b, "step-00000002"))
+    assert "already holds checkpoints of another run, and --resume" in one_line(e)
+    TrainConfig(checkpoint=a, resume=os.path.join(a, "step-00000002"))  # a rollback within A: allowed
+    TrainConfig(checkpoint=a, resume=a)
+    os.symlink(a, str(tmp_path / "a-link"))
+    TrainConfig(checkpoint=str(tmp_path / "a-link"), resume=os.path.join(a, "step-00000002"))
+    TrainConfig(checkpoint=str(tmp_path / "c"), resume=b)  # from B into a new directory: a branch, allowed
+
+
 @pytest.mark.parametrize("where", ["a file", "under a file"])
 def test_unwritable_checkpoint_paths_are_refused_before_training(tmp_path, where):
     f = tmp_path / "f"

@@ -5,7 +5,9 @@ auto`` takes and ``keep`` keeps; a step written twice is swapped in whole; a job
 
 from __future__ import annotations
 
+import json
 import os
+import time
 
 import pytest
 
@@ -43,6 +45,28 @@ def test_without_the_written_record_the_files_age_decides(tmp_path):
         open(meta_path, "w").write(text)
         os.utime(meta_path, (when, when))
     assert store.checkpoints(d) == [new, old]
+
+
+def _set_written(path: str, when: float) -> None:
+    meta_path = os.path.join(path, store.META)
+    meta = json.loads(open(meta_path).read())
+    meta["written"] = when
+    open(meta_path, "w").write(json.dumps(meta))
+
+
+def test_a_clock_that_disagrees_cannot_make_an_older_checkpoint_newest(tmp_path):
+    # step 25 saved by a root whose clock ran an hour ahead (another host, or a clock set back since)
+    d = str(tmp_path / "ck")
+    paths = {step: _save(d, step, keep=3) for step in (10, 20, 25)}
+    _set_written(paths[25], time.time() + 3600)
+    _set_written(paths[10], time.time() + 7200)
+    for step in (30, 40):
+        _save(d, step, keep=3)
+    path, _, meta = store.newest_valid(d, print)
+    assert meta["step"] == 40 and path == store.latest(d)  # --resume auto agrees with latest
+    # keep deletes by the order of writing: 10 and 20 went, the skewed 25 is now the oldest kept
+    assert sorted(os.listdir(d)) == ["latest", *map(store.step_name, (25, 30, 40))]
+    assert [json.loads(open(os.path.join(p, store.META)).read())["seq"] for p in store.checkpoints(d)] == [5, 4, 3]
 
 
 @pytest.mark.parametrize("atomic", [True, False], ids=["exchange", "two-renames"])
