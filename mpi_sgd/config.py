@@ -4,6 +4,9 @@ Every rank parses the same command line and builds the same :class:`TrainConfig`
 fails identically everywhere *before* MPI starts; reported through :class:`mpi_sgd.args.ArgumentParser`
 (``parser.parse_flags(TrainConfig)``, each field a ``--flag``), the root prints one message, every
 rank exits with status 2, and no rank waits in a collective.
+
+Longer than a module here usually is: each field's checks sit in one method beside the fields,
+so that what a flag accepts reads in one place.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from dataclasses import dataclass
 
 from .amp import MODES as AMP_MODES
 from .args import flag as _flag
-from .checkpoint import check_writable, checkpoints
+from .checkpoint import check_writable, checkpoints, paths
 from .checkpoint.storagefaults import save_fault
 from .comm import BACKENDS, TORCH_BACKENDS
 from .comm.wrappers.compress import DTYPES as COMPRESS_DTYPES
@@ -23,6 +26,7 @@ from .gradsync import STRATEGIES
 from .lateverdict import VERDICTS, late_conflicts
 from .lrschedule import SCALINGS, SCHEDULES, parse_warmup
 from .models import MODELS
+from .report import check_output_file
 
 OPTIMIZERS = ("sgd", "adam")
 DTYPES = ("float32", "float64")
@@ -184,11 +188,27 @@ class TrainConfig:
             # two runs' steps there: latest, --resume auto and --keep-checkpoints would mix models.
             check(
                 self.resume in (None, *AUTO)
-                or _inside(self.resume, self.checkpoint)
+                or paths.within(self.resume, self.checkpoint)
                 or not checkpoints(self.checkpoint),
                 f"--checkpoint {self.checkpoint!r} already holds checkpoints of another run, and --resume "
                 f"{self.resume!r} is not one of them; write this run to an empty directory",
             )
+        # Seeds are mixed with step and epoch numbers (seed * 1_000_003 + epoch) into torch's 64-bit seeds.
+        check(0 <= self.seed < 2**32, f"--seed must be in [0, 2**32), got {self.seed}")
+        check(self.checkpoint != "", "--checkpoint needs a directory (leave the flag out to save none)")
+        outputs = {
+            f: p for f, p in (("--metrics-json", self.metrics_json), ("--timeline", self.timeline)) if p is not None
+        }
+        for flag, path in outputs.items():
+            check_output_file(path, flag)
+            check(
+                not (self.checkpoint and paths.owns(self.checkpoint, path)),
+                f"{flag} {path!r} is inside what --checkpoint {self.checkpoint!r} saves replace; name a file elsewhere",
+            )
+        check(
+            len(outputs) < 2 or os.path.realpath(self.metrics_json) != os.path.realpath(self.timeline),
+            f"--metrics-json and --timeline name the same file {self.metrics_json!r}; each needs its own",
+        )
         check(self.checkpoint_every >= 0, f"--checkpoint-every must be 0 or more, got {self.checkpoint_every}")
         check(not self.checkpoint_every or bool(self.checkpoint), "--checkpoint-every needs --checkpoint DIR")
         check(self.keep_checkpoints >= 0, f"--keep-checkpoints must be 0 or more, got {self.keep_checkpoints}")
@@ -273,6 +293,10 @@ class TrainConfig:
             device = torch.device(self.device)
         except RuntimeError:
             raise ValueError(f"unknown --device {self.device!r}; e.g. cpu, cuda, cuda:1") from None
+        # The trainer runs on the CPU and CUDA only; torch names many more device types (mps, meta,
+        # xpu, ...) that would fail later, each in its own way, inside the first step.
+        if device.type not in ("cpu", "cuda"):
+            raise ValueError(f"--device {self.device}: the trainer runs on cpu or cuda, not {device.type}")
         if device.type == "cuda" and not torch.cuda.is_available():
             why = "this torch is a CPU build" if torch.version.cuda is None else "no GPU is visible"
             raise ValueError(f"--device {self.device}: {why}; use --device cpu")
@@ -295,9 +319,3 @@ class TrainConfig:
             )
         if self.backend == "local" and world_size > 1:
             raise ValueError(f"--backend local is one process, but this job has {world_size}; use mpi4py or gloo")
-
-
-def _inside(path: str, directory: str) -> bool:
-    """Whether ``path`` is ``directory`` or lies within it (symbolic links resolved)."""
-    path, directory = os.path.realpath(path), os.path.realpath(directory)
-    return os.path.commonpath([path, directory]) == directory

@@ -142,7 +142,10 @@ def from_file(path: str) -> Dataset:
             with np.load(path, allow_pickle=False) as f:
                 arrays = {k: _numeric(f[k], k, path) for k in ("x", "y") if k in f.files}
         elif path.endswith(".pt"):
-            obj = torch.load(path, weights_only=True)
+            try:
+                obj = torch.load(path, weights_only=True)
+            except Exception as e:  # bytes that are no torch file fail in the unpickler, as anything at all
+                raise ValueError(f"{type(e).__name__}: {e}") from None
             found = {k: obj[k] for k in ("x", "y") if k in obj} if isinstance(obj, dict) else {}
             # detached: data saved from a graph (requires_grad) would make every step backward into it
             arrays = {k: _numeric_tensor(torch.as_tensor(v).detach(), k, path) for k, v in found.items()}
@@ -150,19 +153,28 @@ def from_file(path: str) -> Dataset:
             raise _Refused(f"data file {path!r} must end in .npz or .pt")
     except _Refused:
         raise
-    except (OSError, ValueError, RuntimeError, TypeError, EOFError, zipfile.BadZipFile, pickle.UnpicklingError) as e:
+    except _UNREADABLE as e:
         # an empty or truncated file among them: one line, not a traceback per rank
         raise ValueError(f"cannot read data file {path!r} (empty, truncated or not this format): {e}") from None
+    except MemoryError:  # a header that claims more than this machine has (numpy says _ArrayMemoryError)
+        raise ValueError(f"cannot read data file {path!r}: its arrays would not fit in memory") from None
     missing = [k for k in ("x", "y") if k not in arrays]
     if missing:
         raise ValueError(f"data file {path!r} has no array named {' or '.join(missing)}; it needs 'x' and 'y'")
     x, y = arrays["x"], arrays["y"]
+    for name, t in (("x", x), ("y", y)):
+        if t.ndim == 0:
+            raise ValueError(f"data file {path!r}: {name} is a single number; it needs one entry per sample")
     if not len(x):
         raise ValueError(f"data file {path!r} holds no samples (x is empty)")
     if x.ndim == 1:  # one feature per sample
         x = x.reshape(-1, 1)
     if x.shape[0] != y.shape[0]:
         raise ValueError(f"data file {path!r}: x has {x.shape[0]} samples but y has {y.shape[0]}")
+    if not x[0].numel():
+        raise ValueError(f"data file {path!r}: x has no features (shape {tuple(x.shape)})")
+    if y.dtype.is_floating_point and not y[0].numel():
+        raise ValueError(f"data file {path!r}: y has no targets (shape {tuple(y.shape)})")
     if not y.dtype.is_floating_point:
         check_label_shape(y, path)
         y = y.long().reshape(-1)
@@ -182,6 +194,18 @@ def _check_finite(x: torch.Tensor, y: torch.Tensor, path: str, what: str) -> Non
             raise ValueError(
                 f"data file {path!r}: {name} holds {what} in {len(bad)} sample(s), the first at index {int(bad[0])}"
             )
+
+
+_UNREADABLE = (
+    OSError,
+    ValueError,
+    RuntimeError,
+    TypeError,
+    EOFError,
+    KeyError,
+    zipfile.BadZipFile,
+    pickle.UnpicklingError,
+)
 
 
 class _Refused(ValueError):

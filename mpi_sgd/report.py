@@ -8,7 +8,9 @@ only when a figure is drawn.
 from __future__ import annotations
 
 import json
+import math
 import os
+import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,13 +50,49 @@ def _fmt(v: object) -> str:
 
 
 def write_json(path: str | os.PathLike, payload: dict) -> Path:
-    """Write atomically: a reader never sees half a file."""
+    """Write atomically: a reader never sees half a file. A float that is not finite (a diverged
+    loss, a time not measured) is written as ``null``: bare ``NaN`` is not JSON, and strict
+    readers (``jq``, JavaScript, most languages' parsers) refuse the whole file for it."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(payload, indent=2) + "\n")
+    tmp.write_text(json.dumps(_finite(payload), indent=2, allow_nan=False) + "\n")
     os.replace(tmp, path)
     return path
+
+
+def _finite(value):
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
+
+
+def check_output_file(path: str, flag: str) -> None:
+    """Raise ValueError (one line) unless :func:`write_json` can write ``path``, tried at start by
+    making and removing a file where it would write: a run must not train for an hour and then
+    fail to save what it measured. Its missing parent folders are made when it writes."""
+    if not path:
+        raise ValueError(f"{flag} needs a file name (leave the flag out to write none)")
+    target = os.path.abspath(path)
+    if os.path.isdir(target):
+        raise ValueError(f"{flag} {path!r} is a directory; give the name of a file to write")
+    parent = os.path.dirname(target)
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        raise ValueError(f"{flag} {path!r} cannot be written: {parent!r} is a file, not a folder")
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".probe-", dir=parent)
+        os.close(fd)
+        os.remove(probe)
+    except OSError as e:
+        raise ValueError(
+            f"{flag} {path!r} cannot be written: no file can be made in {parent!r} ({e.strerror or e})"
+        ) from None
 
 
 @dataclass(frozen=True)

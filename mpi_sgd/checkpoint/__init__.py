@@ -17,8 +17,9 @@ The trainer's own state, saved and resumed: :mod:`.trainer_state`. One job per d
 from __future__ import annotations
 
 from .lock import hold
+from .paths import check_writable
 from .payload import deserialize, load, read, read_state, serialize
-from .store import CheckpointError, check_writable, checkpoints, save, step_name
+from .store import CheckpointError, checkpoints, save, step_name
 from .trainer_state import TRAINER_KEYS, Progress, restore, resume, save_training
 
 __all__ = [

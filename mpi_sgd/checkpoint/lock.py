@@ -23,9 +23,8 @@ import socket
 import sys
 import time
 
-from .store import CheckpointError
+from .store import LOCK, CheckpointError
 
-LOCK = ".lock"
 _held: dict[str, object] = {}  # directory -> its open lock file: the lock lives as long as the file is open
 
 

@@ -49,8 +49,8 @@ from .storagefaults import injected_save_fault
 
 FORMAT = 1
 STATE, META, LATEST = "state.pt", "meta.json", "latest"
-TEMP_PREFIX = ".tmp-"
-_STEP = re.compile(r"^step-(\d+)$")
+TEMP_PREFIX, LOCK = ".tmp-", ".lock"  # a save in progress; the job's lock (:mod:`.lock`)
+STEP_NAME = re.compile(r"^step-(\d+)$")
 
 
 class CheckpointError(ValueError):
@@ -206,7 +206,7 @@ def _step_dirs(directory: str) -> list[tuple[int, str]]:
         names = os.listdir(directory)
     except OSError:
         return []
-    return [(int(m.group(1)), os.path.join(directory, n)) for n in names if (m := _STEP.match(n))]
+    return [(int(m.group(1)), os.path.join(directory, n)) for n in names if (m := STEP_NAME.match(n))]
 
 
 def checkpoints(directory: str) -> list[str]:
@@ -222,7 +222,7 @@ def latest(directory: str) -> str | None:
             name = f.read().strip()
     except OSError:
         return None
-    return os.path.join(directory, name) if _STEP.match(name) else None
+    return os.path.join(directory, name) if STEP_NAME.match(name) else None
 
 
 def is_store(path: str) -> bool:
@@ -284,21 +284,3 @@ def newest_valid(directory: str, warn, fresh_ok: bool = False) -> tuple[str, byt
             + "); starting afresh would overwrite them: fix or move them, or give --resume auto-or-fresh"
         )
     return None
-
-
-def check_writable(path: str) -> None:
-    """Raise ValueError unless checkpoints can be written to ``path`` (a directory, made if needed).
-
-    Checked without writing anything, so every rank can run it before MPI starts.
-    """
-    if os.path.exists(path):
-        if not os.path.isdir(path):
-            raise ValueError(f"--checkpoint {path!r} is a file; it names a directory that checkpoints are written into")
-        if not os.access(path, os.W_OK | os.X_OK):
-            raise ValueError(f"--checkpoint {path!r}: the directory is not writable")
-        return
-    parent = os.path.dirname(os.path.abspath(path))
-    while not os.path.exists(parent):
-        parent = os.path.dirname(parent)
-    if not os.path.isdir(parent) or not os.access(parent, os.W_OK | os.X_OK):
-        raise ValueError(f"--checkpoint {path!r} cannot be created: {parent!r} is not a writable directory")

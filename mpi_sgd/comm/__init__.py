@@ -110,6 +110,10 @@ def check_environment(world_size: int, environ=None) -> None:
 
     environ = os.environ if environ is None else environ
     env_seconds("MPI_SGD_STALL_TIMEOUT", 60.0, environ)
+    from .shm.settings import node_size_override, timeout_setting
+
+    timeout_setting(environ=environ)
+    node_size_override(environ=environ)
     if environ.get("MPI_SGD_FAULT"):
         from .wrappers.faults import Fault
 

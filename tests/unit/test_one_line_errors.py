@@ -48,6 +48,10 @@ def test_a_flag_the_configuration_would_ignore_is_refused():
 def test_unknown_device_and_local_backend_in_a_job():
     with pytest.raises(ValueError, match="unknown --device 'gpu'"):
         TrainConfig(device="gpu").check_machine(1)
+    for other in ("mps", "meta", "xpu:0"):  # devices torch knows and the trainer does not run on
+        with pytest.raises(ValueError) as e:
+            TrainConfig(device=other).check_machine(1)
+        assert one_line(e) == f"--device {other}: the trainer runs on cpu or cuda, not {other.split(':')[0]}"
     with pytest.raises(ValueError, match="--backend local is one process, but this job has 2"):
         TrainConfig(backend="local").check_machine(2)
     TrainConfig(backend="local").check_machine(1)
@@ -118,7 +122,7 @@ def test_one_hot_and_wide_integer_labels_are_refused_not_flattened(tmp_path):
     assert data.load(str(tmp_path / "column.npz")).y.tolist() == [0, 1, 2, 0, 1, 2]  # (N, 1) is one per sample
 
 
-@pytest.mark.parametrize("content", [b"", b"PK\x03\x04truncated"])
+@pytest.mark.parametrize("content", [b"", b"PK\x03\x04truncated", b"every line of a text file"])
 def test_empty_or_truncated_data_files_are_one_line(tmp_path, content):
     for suffix in (".npz", ".pt"):
         path = tmp_path / f"bad{suffix}"
@@ -126,6 +130,42 @@ def test_empty_or_truncated_data_files_are_one_line(tmp_path, content):
         with pytest.raises(ValueError) as e:
             data.load(str(path))
         assert one_line(e).startswith(f"cannot read data file {str(path)!r} (empty, truncated or not this format)")
+
+
+def test_data_files_of_odd_shapes_are_one_line(tmp_path):
+    import io
+    import zipfile
+
+    import numpy as np
+
+    cases = {
+        "scalar-x.npz": (dict(x=np.float32(1.0), y=np.array([0])), "x is a single number"),
+        "scalar-y.pt": (dict(x=torch.zeros(3, 2), y=torch.tensor(1)), "y is a single number"),
+        "no-features.npz": (dict(x=np.zeros((4, 0), np.float32), y=np.arange(4)), "x has no features (shape (4, 0))"),
+        "no-targets.npz": (dict(x=np.zeros((4, 2), np.float32), y=np.zeros((4, 0))), "y has no targets"),
+    }
+    for name, (arrays, message) in cases.items():
+        path = str(tmp_path / name)
+        np.savez(path, **arrays) if name.endswith(".npz") else torch.save(arrays, path)
+        with pytest.raises(ValueError) as e:
+            data.load(path)
+        assert message in one_line(e), name
+    # a header that claims ten thousand terabytes (a corrupt or hostile file): refused, not a MemoryError
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(header, {"descr": "<f4", "fortran_order": False, "shape": (10**8, 10**8)})
+    with zipfile.ZipFile(tmp_path / "huge.npz", "w") as z:
+        z.writestr("x.npy", header.getvalue())
+        z.writestr("y.npy", header.getvalue())
+    with pytest.raises(ValueError) as e:
+        data.load(str(tmp_path / "huge.npz"))
+    assert one_line(e).startswith("cannot read data file")
+
+
+def test_seeds_are_bounded_before_they_overflow():
+    TrainConfig(seed=2**32 - 1)
+    for bad in (-1, 2**32, 2**63):
+        with pytest.raises(ValueError, match=rf"--seed must be in \[0, 2\*\*32\), got {bad}$"):
+            TrainConfig(seed=bad)
 
 
 # -- checkpoints ---------------------------------------------------------------------------------
@@ -210,12 +250,47 @@ def test_a_list_of_choices_keeps_order_and_names_what_is_unknown():
 
 
 @pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        ({"metrics_json": ""}, "--metrics-json needs a file name (leave the flag out to write none)"),
+        ({"checkpoint": ""}, "--checkpoint needs a directory (leave the flag out to save none)"),
+        ({"metrics_json": "/proc/m.json"}, "--metrics-json '/proc/m.json' cannot be written: no file can be made in"),
+        ({"timeline": "{f}/t.json"}, "--timeline '{f}/t.json' cannot be written: '{f}' is a file, not a folder"),
+        ({"timeline": "{d}"}, "--timeline '{d}' is a directory; give the name of a file to write"),
+        (
+            {"metrics_json": "{d}/a.json", "timeline": "{d}/./a.json"},
+            "--metrics-json and --timeline name the same file '{d}/a.json'; each needs its own",
+        ),
+        (
+            {"checkpoint": "{d}/ck", "metrics_json": "{d}/ck/latest"},
+            "--metrics-json '{d}/ck/latest' is inside what --checkpoint '{d}/ck' saves replace; name a file elsewhere",
+        ),
+        ({"checkpoint": "{d}/ck", "timeline": "{d}/ck/step-00000005/t.json"}, "is inside what --checkpoint"),
+    ],
+)
+def test_an_output_file_that_cannot_be_written_is_refused_at_start(tmp_path, flags, message):
+    # before training, not after an hour of it (the file is written once the run ends)
+    (tmp_path / "f").write_text("")
+    fill = {"d": str(tmp_path), "f": str(tmp_path / "f")}
+    with pytest.raises(ValueError) as e:
+        TrainConfig(**{k: v.format(**fill) for k, v in flags.items()})
+    assert message.format(**fill) in one_line(e)
+    TrainConfig(checkpoint=str(tmp_path / "ck"), metrics_json=str(tmp_path / "ck" / "m.json"))  # beside: fine
+    TrainConfig(metrics_json=str(tmp_path / "new" / "deeper" / "m.json"))  # folders made when it writes
+
+
+@pytest.mark.parametrize(
     ("env", "message"),
     [
         ({"MPI_SGD_STALL_TIMEOUT": "soon"}, "MPI_SGD_STALL_TIMEOUT must be a number of seconds, got 'soon'"),
         ({"MPI_SGD_STALL_TIMEOUT": "-1"}, "MPI_SGD_STALL_TIMEOUT must be 0 or more seconds"),
         ({"MPI_SGD_FAULT": "1:x:nan"}, "MPI_SGD_FAULT must read rank:step:kind"),
         ({"MPI_SGD_FAULT": "7:3:kill"}, "names rank 7, but this job has 2 rank(s) (0-1)"),
+        ({"MPI_SGD_SHM_TIMEOUT": "abc"}, "MPI_SGD_SHM_TIMEOUT must be a number of seconds, got 'abc'"),
+        ({"MPI_SGD_SHM_TIMEOUT": "-1"}, "MPI_SGD_SHM_TIMEOUT must be above 0 seconds (and finite), got -1.0"),
+        ({"MPI_SGD_SHM_TIMEOUT": "inf"}, "MPI_SGD_SHM_TIMEOUT must be above 0 seconds (and finite), got inf"),
+        ({"MPI_SGD_SHM_NODE_SIZE": "x"}, "MPI_SGD_SHM_NODE_SIZE must be a whole number of ranks, got 'x'"),
+        ({"MPI_SGD_SHM_NODE_SIZE": "0"}, "MPI_SGD_SHM_NODE_SIZE must be at least 1 rank, got 0"),
     ],
 )
 def test_bad_environment_is_one_line_before_mpi(monkeypatch, env, message):

@@ -8,8 +8,7 @@ from mpi_sgd.bench import shm as bench_shm
 from mpi_sgd.bench import shm_report
 from mpi_sgd.bench.shm import IMPLS
 from mpi_sgd.comm.shm.reduce import LINE, slice_bounds
-from mpi_sgd.comm.shm.sync import DEFAULT_TIMEOUT, timeout_setting
-from mpi_sgd.comm.shm.window import node_size_override
+from mpi_sgd.comm.shm.settings import DEFAULT_TIMEOUT, node_size_override, timeout_setting
 
 
 @pytest.mark.parametrize("itemsize", [4, 8])

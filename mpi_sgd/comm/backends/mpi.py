@@ -140,8 +140,7 @@ class MPIComm(Communicator):
 
     # -- node-shared buffers: the all-reduce of comm/shm/allreduce.py ----------------------
     def _init_shared(self, node_size: int | None) -> None:
-        from ..shm.sync import timeout_setting
-        from ..shm.window import node_size_override
+        from ..shm.settings import node_size_override, timeout_setting
 
         timeout_setting()  # a bad MPI_SGD_SHM_TIMEOUT fails here, on every rank, not at the first bucket
         # Windows come at the first alloc_shared; whether a node has two ranks to share is known now, alike everywhere.

@@ -42,6 +42,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ...launch import usable_cores
+from .settings import timeout_setting
 from .window import free_window, shared_window
 
 # Control block of each rank (int64 words): event counters, then descriptors of calls in flight.
@@ -52,7 +53,6 @@ SLOTS = (CONTROL_WORDS - DESC_BASE) // DESC_WORDS  # calls in flight at most
 LIVENESS_EVERY = 0.01  # seconds between checks that awaited ranks still exist
 CLOCK_EVERY = 16  # polls between clock readings
 SPIN_SECONDS = 50e-6  # how long a waiting rank spins before it yields, when ranks do not outnumber cores
-DEFAULT_TIMEOUT = 300.0
 QUICK_POLLS = 256  # bare polls of one counter before a wait turns to spin() (a few microseconds)
 
 
@@ -62,21 +62,6 @@ class StalledRankError(RuntimeError):
     def __init__(self, message: str, ranks: list[int]):
         super().__init__(message)
         self.ranks = ranks
-
-
-def timeout_setting(timeout: float | None = None) -> float:
-    """``timeout`` if given, else ``MPI_SGD_SHM_TIMEOUT`` if set, else the default: seconds, above 0."""
-    text = os.environ.get("MPI_SGD_SHM_TIMEOUT", "").strip()
-    if timeout is None and text:
-        try:
-            timeout = float(text)
-        except ValueError:
-            raise ValueError(f"MPI_SGD_SHM_TIMEOUT must be a number of seconds, got {text!r}") from None
-    if timeout is None:
-        return DEFAULT_TIMEOUT
-    if not timeout > 0:  # NaN too
-        raise ValueError(f"the shared-memory wait timeout must be above 0 seconds, got {timeout}")
-    return timeout
 
 
 def _pid_namespace() -> str | None:

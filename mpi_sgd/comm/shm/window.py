@@ -33,19 +33,7 @@ import torch
 from mpi4py import MPI
 
 from ..base import CollectiveMismatchError, CommError
-
-
-def node_size_override(node_size: int | None = None) -> int | None:
-    """``node_size`` if given, else ``MPI_SGD_SHM_NODE_SIZE`` if set: ranks per pretend node (tests)."""
-    text = os.environ.get("MPI_SGD_SHM_NODE_SIZE", "")
-    if node_size is None and text.strip():
-        try:
-            node_size = int(text)
-        except ValueError:
-            raise ValueError(f"MPI_SGD_SHM_NODE_SIZE must be a whole number of ranks, got {text!r}") from None
-    if node_size is not None and node_size < 1:
-        raise ValueError(f"node size must be at least 1 rank, got {node_size}")
-    return node_size
+from .settings import node_size_override
 
 
 def _mpi_named_segments() -> set[str]:
