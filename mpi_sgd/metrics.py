@@ -41,6 +41,7 @@ def collect(trainer) -> dict:
         summary[name] = statistics.fmean(slowest) if slowest else 0.0
     return {
         "skipped_steps": trainer.skipped,
+        "overflow_skipped_steps": trainer.amp.overflows,
         "time_to_target": trainer.time_to_target(),
         "world_size": trainer.comm.size,
         "backend": trainer.comm.backend,

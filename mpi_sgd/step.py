@@ -50,6 +50,7 @@ class Step:
     finite: bool = True  # every rank's loss and gradients were finite; if not, the optimizer did not step
     verdict: torch.Tensor | None = None  # train_step(late=True): ``finite`` as a device tensor, not yet read
     raw_stats: torch.Tensor | None = None  # late: ``stats`` before a bad step's were zeroed
+    overflowed: bool = False  # --amp fp16: the scaler skipped this step (on every rank alike)
 
     @property
     def seconds(self) -> float:
@@ -125,6 +126,7 @@ def train_step(
     sync.where("optimizer")
     t0 = time.perf_counter()
     verdict = raw = None
+    overflowed = False
     if late:  # no host wait: a bad step is skipped on the device (see mpi_sgd.lateverdict)
         finite, verdict = True, sync.finite_flag()
         optimizer.found_inf = (~verdict).to(torch.float32)  # as torch's GradScaler hands it over
@@ -139,12 +141,12 @@ def train_step(
         if finite:
             if noise is not None:
                 noise.commit()
-            amp.step(optimizer)  # with fp16's scaler: skipped on every rank alike if a gradient overflowed
+            overflowed = not amp.step(optimizer)  # fp16's scaler: skipped on every rank alike on overflow
     end = time.perf_counter()
     sync.record("optimizer", t0, end)
     if hook is not None:
         hook("updated")
-    return Step(end - start - sync.seconds, sync.seconds, stats, finite, verdict, raw)
+    return Step(end - start - sync.seconds, sync.seconds, stats, finite, verdict, raw, overflowed)
 
 
 def _loss_for(y: torch.Tensor):

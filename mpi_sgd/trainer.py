@@ -23,6 +23,7 @@ apart (step.py, lateverdict.py, resumption.py, metrics.py, convergence.py).
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 
@@ -31,7 +32,7 @@ from tqdm import tqdm
 
 from . import agree, data, gradsync, resumption, zero
 from . import metrics as run_metrics  # (the module; Trainer.metrics is the method)
-from .amp import MixedPrecision
+from .amp import HOPELESS_OVERFLOWS, MixedPrecision
 from .checkpoint import hold
 from .comm import split_counts
 from .config import TrainConfig
@@ -41,7 +42,7 @@ from .gradsync import GradSync
 from .lateverdict import LateVerdict, wanted
 from .launchers import processes_line
 from .models import build_model
-from .nonfinite import diagnose
+from .nonfinite import describe, diagnose
 from .preemption import Preempted, Preemption
 from .replicas import replicate
 from .step import Step, TrainingDiverged, evaluate, make_optimizer, train_step
@@ -87,6 +88,11 @@ class Trainer:
         self._last_save = (-1, False)  # (step, written) of this job's last save
         self.events = sync.events  # shared with the strategy, which adds its allreduces
         self.amp = MixedPrecision(cfg.amp, next(model.parameters()).device.type)
+        if cfg.amp == "fp16":
+            # fp16's scaled gradients overflow now and then by design; the scaler skips those steps
+            # on every rank alike, so the non-finite stop would misread them as divergence
+            # (_on_overflow tells the two apart).
+            sync.check_finite = False
         late = wanted(cfg, next(model.parameters()).device.type) and getattr(optimizer, "defaults", {}).get("fused")
         self.late = LateVerdict() if late else None  # verdicts read a step late (mpi_sgd.lateverdict)
         # rates, noise scale, target; a schedule spans --epochs (--max-steps only cuts a run short)
@@ -125,10 +131,6 @@ class Trainer:
             optimizer = make_optimizer(cfg, model, fused=wanted(cfg, dataset.x.device.type))
             sync = gradsync.make(cfg.strategy, model, comm, cfg.bucket_mb, events, compress=cfg.compress)
             agree.check_layout(comm, sync)
-        if cfg.amp == "fp16":
-            # fp16's scaled gradients overflow now and then by design; the scaler skips those steps
-            # on every rank alike, so the non-finite stop would misread them as divergence.
-            sync.check_finite = False
         return cls(model, optimizer, sync, dataset, comm, cfg, val=val)
 
     def _run_batch(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -147,7 +149,31 @@ class Trainer:
         if not step.finite:  # the same verdict on every rank, at the same step
             self._on_nonfinite(step.stats[0].item() / max(step.stats[2].item(), 1), self.step + 1, self.sync)
             return torch.zeros_like(step.stats)
+        if step.overflowed:  # fp16's scaler skipped it: a loss of inf or NaN is not the epoch's loss
+            self._on_overflow(step.stats[0].item() / max(step.stats[2].item(), 1))
+            return torch.zeros_like(step.stats)
         return step.stats
+
+    def _on_overflow(self, loss: float) -> None:
+        """After a step fp16's scaler skipped (on every rank alike: it judged the averaged gradients).
+        Skips are its way of finding its factor; a loss that was not finite in the forward pass is
+        not: no factor helps it (the scaling comes after), so that is a non-finite step like any
+        other, stopped or skipped by --on-nonfinite. Run on every rank; costs one small gather."""
+        where = f"in step {self.step + 1} (epoch {self.epoch})"
+        everyone = self.comm.allgather_obj((loss, True, False, None))
+        if not all(math.isfinite(v) for v, *_ in everyone):
+            self._on_nonfinite(loss, self.step + 1, self.sync, what=describe(everyone, where))
+            return
+        amp = self.amp
+        if amp.overflows_in_a_row < HOPELESS_OVERFLOWS and all(
+            torch.isfinite(p).all() for p in self.model.parameters()
+        ):
+            return
+        raise TrainingDiverged(
+            f"training diverged: --amp fp16's gradient scaler skipped {amp.overflows_in_a_row} step(s) in a row "
+            f"to step {self.step + 1} (its factor now {amp.scaler.get_scale():g}), or the parameters are not "
+            f"finite; try a lower --lr than {self.cfg.lr}, or --amp bf16"
+        )
 
     def _on_late(self, bad) -> None:
         if bad is not None:
@@ -203,11 +229,13 @@ class Trainer:
         comm.allreduce(stats, "sum")
         loss, correct, n, val_loss, val_correct, val_n = stats[:6].tolist()
         classification = self.dataset.classification
-        row = {"epoch": epoch, "loss": loss / max(n, 1), "seconds": time.perf_counter() - started}
-        row["accuracy"] = correct / max(n, 1) if classification else None
+        # NaN where every step of the epoch was left out: no sample counted (JSON: null)
+        row = {"epoch": epoch, "loss": loss / n if n else math.nan, "seconds": time.perf_counter() - started}
+        row["accuracy"] = (correct / n if n else math.nan) if classification else None
         row["val_loss"] = val_loss / val_n if val_n else None
         row["val_accuracy"] = val_correct / val_n if val_n and classification else None
         row["skipped"] = self.skipped
+        row["overflows"] = self.amp.overflows
         row.update(self.conv.epoch_row(stats[6:].tolist()))
         if self.events is not None:  # the timeline's counter tracks: what changed over this epoch
             values = {k: row[k] for k in ("b_noise", "lr") if row.get(k) is not None}
@@ -222,12 +250,12 @@ class Trainer:
             text += f"  B_noise {row['b_noise']:.4g}" if row.get("b_noise") is not None else ""
             print(f"{text}  ({row['seconds']:.2f} s)", flush=True)
 
-    def _on_nonfinite(self, loss: float, step: int, flag, epoch: int | None = None) -> None:
+    def _on_nonfinite(self, loss: float, step: int, flag, epoch: int | None = None, what: str | None = None) -> None:
         """Every rank is here for the same step (see :func:`train_step`; a late verdict's step is the
         one before): name the ranks whose loss or gradient was not finite, then stop (raise
         :class:`TrainingDiverged` on every rank alike) or, with ``--on-nonfinite skip``, go on without it."""
         where = f"in step {step} (epoch {self.epoch if epoch is None else epoch})"
-        what = diagnose(self.comm, flag, loss, where)
+        what = diagnose(self.comm, flag, loss, where) if what is None else what
         # Skipping helps with a bad batch; not once the parameters themselves are the cause (then
         # every later step fails as well, since skipped steps leave them as they are).
         self.skipped_in_a_row = self.skipped_in_a_row + 1 if self._last_skipped == step - 1 else 1

@@ -15,6 +15,8 @@ doubled step, a rank's gradients left out) moves parameters by a whole step, ~1e
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -22,7 +24,7 @@ from mpi_sgd import data, gradsync
 from mpi_sgd.amp import MixedPrecision
 from mpi_sgd.models import build_model
 from mpi_sgd.replicas import replicate
-from mpi_sgd.trainer import Trainer, make_optimizer
+from mpi_sgd.trainer import Trainer, TrainingDiverged, make_optimizer
 from tests.helpers import B, assert_same_on_every_rank, flat_params, train_config
 
 pytestmark = pytest.mark.mpi
@@ -82,7 +84,17 @@ def test_fp16_overflow_on_one_rank_skips_the_step_on_every_rank(comm):
         loss = model(torch.ones(3, 4)).sum() * (float("inf") if comm.rank == 0 else 1.0)
     amp.backward(loss * sync.loss_scale)
     sync.wait()
-    amp.step(opt)
+    assert amp.step(opt) is False
     assert torch.equal(flat_params(model), before)  # skipped, everywhere
     assert amp.scaler.get_scale() == scale / 2
     assert_same_on_every_rank(comm, torch.tensor([amp.scaler.get_scale()]))
+    assert amp.overflows == amp.overflows_in_a_row == 1
+
+
+def test_fp16_with_a_loss_no_factor_can_fix_stops_every_rank_at_once(comm):
+    """A rate so large that the first step throws the weights past float16's range: every later
+    forward pass overflows, whatever the scaler's factor. Every rank stops at that step, naming it,
+    instead of skipping every step for ever and reporting NaN losses with exit status 0."""
+    with pytest.raises(TrainingDiverged) as e:
+        train(comm, amp="fp16", lr=1e6, epochs=20)
+    assert re.fullmatch(r"training diverged: loss (nan|inf) in step 2 \(epoch 0\) on rank.*", str(e.value))

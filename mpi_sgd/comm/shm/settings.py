@@ -16,31 +16,30 @@ DEFAULT_TIMEOUT = 300.0  # seconds a rank waits for the others in the shared seg
 
 def timeout_setting(timeout: float | None = None, environ: Mapping[str, str] | None = None) -> float:
     """``timeout`` if given, else ``MPI_SGD_SHM_TIMEOUT`` if set, else the default: seconds, above 0."""
-    text = (os.environ if environ is None else environ).get("MPI_SGD_SHM_TIMEOUT", "").strip()
-    where = "the shared-memory wait timeout"
-    if timeout is None and text:
-        where = "MPI_SGD_SHM_TIMEOUT"
-        try:
-            timeout = float(text)
-        except ValueError:
-            raise ValueError(f"MPI_SGD_SHM_TIMEOUT must be a number of seconds, got {text!r}") from None
+    timeout, where = _given_or_env(timeout, "MPI_SGD_SHM_TIMEOUT", float, "a number of seconds", environ)
     if timeout is None:
         return DEFAULT_TIMEOUT
     if not 0 < timeout < math.inf:  # NaN too
-        raise ValueError(f"{where} must be above 0 seconds (and finite), got {timeout}")
+        raise ValueError(
+            f"{where or 'the shared-memory wait timeout'} must be above 0 seconds (and finite), got {timeout}"
+        )
     return timeout
 
 
 def node_size_override(node_size: int | None = None, environ: Mapping[str, str] | None = None) -> int | None:
     """``node_size`` if given, else ``MPI_SGD_SHM_NODE_SIZE`` if set: ranks per pretend node (tests)."""
-    text = (os.environ if environ is None else environ).get("MPI_SGD_SHM_NODE_SIZE", "").strip()
-    where = "node size"
-    if node_size is None and text:
-        where = "MPI_SGD_SHM_NODE_SIZE"
-        try:
-            node_size = int(text)
-        except ValueError:
-            raise ValueError(f"MPI_SGD_SHM_NODE_SIZE must be a whole number of ranks, got {text!r}") from None
+    node_size, where = _given_or_env(node_size, "MPI_SGD_SHM_NODE_SIZE", int, "a whole number of ranks", environ)
     if node_size is not None and node_size < 1:
-        raise ValueError(f"{where} must be at least 1 rank, got {node_size}")
+        raise ValueError(f"{where or 'node size'} must be at least 1 rank, got {node_size}")
     return node_size
+
+
+def _given_or_env(value, name: str, parse, what: str, environ: Mapping[str, str] | None):
+    """``(value, None)`` if given, else the variable ``name`` parsed, and its name (for messages)."""
+    text = (os.environ if environ is None else environ).get(name, "").strip()
+    if value is not None or not text:
+        return value, None
+    try:
+        return parse(text), name
+    except ValueError:
+        raise ValueError(f"{name} must be {what}, got {text!r}") from None
