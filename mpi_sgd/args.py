@@ -32,11 +32,13 @@ from __future__ import annotations
 import argparse
 import math
 import re
+import socket
 import sys
 import time
 from dataclasses import MISSING, field, fields
 
 from .launch import placement
+from .refusal import end_job
 
 ROOT_FIRST_S = 1.0  # how long the other ranks let rank 0 go first when all refuse alike
 
@@ -64,13 +66,25 @@ class ArgumentParser(argparse.ArgumentParser):
         self.fail(message)
 
     def fail(self, message: str):
-        """A value this run cannot use (rather than a malformed command line): one line, no usage."""
-        if placement().rank == 0:
+        """A value this run cannot use (rather than a malformed command line): one line, no usage.
+
+        Rank 0 writes it and ends the job (:func:`mpi_sgd.refusal.end_job`). Another rank first lets
+        rank 0 go: where every rank refuses alike, rank 0's line is the only one, and the job ends
+        before the others wake. One still running then refused alone (ranks that passed wait for it
+        in MPI's start-up), so it writes its own line, naming itself, and ends the job.
+        """
+        where = placement()
+        if where.rank == 0:
             sys.stderr.write(f"{self.prog}: error: {message}\n")
-        else:
+            sys.stderr.flush()
+        elif where.size > 1:
             # Open MPI's launcher ends the job at the first rank to exit non-zero; one that left
             # before rank 0 had written its line would take the line with it.
             time.sleep(ROOT_FIRST_S)
+            sys.stderr.write(f"{self.prog}: error on rank {where.rank} ({socket.gethostname()}): {message}\n")
+            sys.stderr.flush()
+        if where.size > 1:
+            end_job(2)
         sys.exit(2)
 
     def add_flags(self, cls, only: tuple[str, ...] | None = None, skip: tuple[str, ...] = ()) -> None:

@@ -93,9 +93,12 @@ def polls_when_oversubscribed(n: int) -> str | None:
     return None
 
 
-def run_mpi(n: int, *args: str, timeout: float = 120, env: dict | None = None, check: bool = True):
-    """Run ``mpiexec -n n python args...``; return the CompletedProcess (stdout and stderr as text)."""
+def run_mpi(n: int, *args: str, timeout: float = 120, env: dict | None = None, check: bool = True, then: tuple = ()):
+    """Run ``mpiexec -n n python args...``; return the CompletedProcess (stdout and stderr as text).
+    ``then``: the arguments of a second program of the same job, one rank (``... : -n 1 python then...``)."""
     cmd, base_env = mpiexec_command(n, *args)
+    cmd += [":", "-n", "1", sys.executable, *then] if then else []
+    n += 1 if then else 0
     full_env = {**base_env, **oversubscribed(n), "MPIEXEC_TIMEOUT": str(int(timeout)), **(env or {})}
     proc = run_job(cmd, shlex.join(cmd), cwd=ROOT, timeout=timeout + 30, env=full_env)
     if check and proc.returncode != 0:

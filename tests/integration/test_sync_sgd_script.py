@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 
 from .conftest import EXAMPLES, own_lines, run_mpi
 
@@ -67,6 +68,22 @@ def bad_inputs(tmp_path):
         # after MPI starts: the root reads the checkpoint and broadcasts its verdict
         "resume garbage": (["--resume", str(tmp_path / "garbage.pt")], "not a torch checkpoint"),
     }
+
+
+@pytest.mark.parametrize("refusing", [0, 1])
+def test_a_rank_that_refuses_alone_names_itself_and_ends_the_job(refusing):
+    """Two programs in one job (``mpiexec -n 1 a : -n 1 b``), one of them given a bad flag, as a
+    data file missing on one host would be: the rank that passed its checks waits in MPI's
+    start-up for the other, which under Hydra waits for ever. The refusing rank writes its line,
+    naming itself where it is not rank 0, and ends the job, exit 2."""
+    good, bad = [SCRIPT, "--epochs", "1"], [SCRIPT, "--epochs", "1", "--lr", "-1"]
+    first, second = (bad, good) if refusing == 0 else (good, bad)
+    out = run_mpi(1, *first, then=tuple(second), env=ENV, check=False, timeout=60)
+    assert out.returncode == 2, (out.returncode, out.stderr[-2000:])
+    lines = own_lines(out.stderr)
+    where = "error:" if refusing == 0 else "error on rank 1 ("
+    assert len(lines) == 1 and where in lines[0] and "--lr must be positive" in lines[0], out.stderr
+    assert "epoch" not in out.stdout
 
 
 def test_bad_input_one_message_exit_2_every_rank(tmp_path):
