@@ -176,9 +176,9 @@ class TrainConfig:
             self.resume not in AUTO or bool(self.checkpoint),
             f"--resume {self.resume} needs --checkpoint DIR to look in",
         )
+        save_fault()  # the test hook's variable, refused in one line when malformed (used or not)
         if self.checkpoint:
             check_writable(self.checkpoint)
-            save_fault()  # the test hook's variable, refused here in one line when malformed
             check(
                 self.resume is not None or not checkpoints(self.checkpoint),
                 f"--checkpoint {self.checkpoint!r} already holds checkpoints of another run; continue it with "

@@ -143,7 +143,7 @@ def from_file(path: str) -> Dataset:
                 arrays = {k: _numeric(f[k], k, path) for k in ("x", "y") if k in f.files}
         elif path.endswith(".pt"):
             try:
-                obj = torch.load(path, weights_only=True)
+                obj = torch.load(path, weights_only=True, map_location="cpu")  # saved from a GPU: here too
             except Exception as e:  # bytes that are no torch file fail in the unpickler, as anything at all
                 raise ValueError(f"{type(e).__name__}: {e}") from None
             found = {k: obj[k] for k in ("x", "y") if k in obj} if isinstance(obj, dict) else {}
@@ -177,6 +177,8 @@ def from_file(path: str) -> Dataset:
         raise ValueError(f"data file {path!r}: y has no targets (shape {tuple(y.shape)})")
     if not y.dtype.is_floating_point:
         check_label_shape(y, path)
+        if y.dtype == torch.uint64 and bool((y.view(torch.int64) < 0).any()):  # would wrap to negative
+            raise ValueError(f"data file {path!r}: y holds a class index of 2**63 or more; y is class indices")
         y = y.long().reshape(-1)
         check_labels(y, path)
     _check_finite(x, y, path, "inf or nan")
@@ -221,9 +223,16 @@ def _numeric(array: np.ndarray, name: str, path: str) -> torch.Tensor:
 
 def _numeric_tensor(t: torch.Tensor, name: str, path: str) -> torch.Tensor:
     """:func:`_numeric` for a tensor from a ``.pt`` file: complex values would lose their imaginary
-    part when made float, so they are refused as numpy's are."""
+    part when made float, so they are refused as numpy's are; so are the layouts and devices that
+    the checks after this would fail on with a traceback (sparse, meta, float8)."""
     if t.is_complex() or t.is_quantized:
         raise _Refused(f"data file {path!r}: {name} must be real numbers, but its dtype is {t.dtype}")
+    if t.dtype.is_floating_point and t.dtype.itemsize == 1:  # float8: storage only, no arithmetic in torch
+        raise _Refused(f"data file {path!r}: {name} is {t.dtype}, a storage format; save it as float32")
+    if t.layout != torch.strided:  # sparse: densify it yourself, knowingly (it may not fit)
+        raise _Refused(f"data file {path!r}: {name} is a {t.layout} tensor; save it dense (.to_dense())")
+    if t.device.type == "meta":  # shapes without values (a GPU's tensors are loaded to the CPU)
+        raise _Refused(f"data file {path!r}: {name} is a meta tensor, a shape without values; save the data itself")
     return t
 
 

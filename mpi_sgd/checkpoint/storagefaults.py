@@ -8,6 +8,7 @@ does, after writing half its state. :mod:`.store` calls the hooks; unset, they d
 from __future__ import annotations
 
 import errno
+import math
 import os
 import time
 
@@ -27,7 +28,7 @@ def save_fault() -> tuple[str, float] | None:
             seconds = float(arg)
         except ValueError:
             seconds = -1.0
-        if seconds >= 0:
+        if 0 <= seconds < math.inf:  # (time.sleep cannot take inf)
             return kind, seconds
     raise ValueError(f"{SAVE_FAULT}={text!r}: expected slow:SECONDS (e.g. slow:30), slow-read:SECONDS or full")
 

@@ -14,6 +14,7 @@ from mpi_sgd.checkpoint import CheckpointError, deadline, lock, read_state, seri
 from mpi_sgd.checkpoint.payload import deserialize, read
 from mpi_sgd.comm.backends.local import LocalComm
 from mpi_sgd.comm.wrappers.watchdog import Watchdog
+from mpi_sgd.config import TrainConfig
 
 
 def _saved(d, step: int) -> str:
@@ -48,11 +49,13 @@ def test_any_write_error_is_one_line_and_cleaned_up(tmp_path, monkeypatch):
     assert sorted(os.listdir(d)) == [store.LATEST, store.step_name(1)]
 
 
-@pytest.mark.parametrize("bad", ["slow", "slow:-1", "slow:x", "full:3", "fast", "slow-read", "read:1"])
+@pytest.mark.parametrize("bad", ["slow", "slow:-1", "slow:x", "slow:inf", "full:3", "fast", "slow-read", "read:1"])
 def test_the_save_fault_hook_is_refused_in_one_line_when_malformed(monkeypatch, bad):
     monkeypatch.setenv(storagefaults.SAVE_FAULT, bad)
     with pytest.raises(ValueError, match=r"MPI_SGD_SAVE_FAULT=.*expected slow:SECONDS"):
         storagefaults.save_fault()
+    with pytest.raises(ValueError, match=r"MPI_SGD_SAVE_FAULT=.*expected slow:SECONDS"):
+        TrainConfig()  # at start, with or without --checkpoint: never silently unused
     monkeypatch.setenv(storagefaults.SAVE_FAULT, "slow:0.5")
     assert storagefaults.save_fault() == ("slow", 0.5)
     monkeypatch.setenv(storagefaults.SAVE_FAULT, "slow-read:2")

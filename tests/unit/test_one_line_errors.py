@@ -143,6 +143,13 @@ def test_data_files_of_odd_shapes_are_one_line(tmp_path):
         "scalar-y.pt": (dict(x=torch.zeros(3, 2), y=torch.tensor(1)), "y is a single number"),
         "no-features.npz": (dict(x=np.zeros((4, 0), np.float32), y=np.arange(4)), "x has no features (shape (4, 0))"),
         "no-targets.npz": (dict(x=np.zeros((4, 2), np.float32), y=np.zeros((4, 0))), "y has no targets"),
+        "sparse.pt": (dict(x=torch.eye(4).to_sparse(), y=torch.arange(4)), "x is a torch.sparse_coo tensor"),
+        "float8.pt": (dict(x=torch.zeros(4, 2).to(torch.float8_e4m3fn), y=torch.arange(4)), "a storage format"),
+        "meta.pt": (dict(x=torch.zeros(4, 2), y=torch.empty(4, dtype=torch.long, device="meta")), "y is a meta"),
+        "uint64.npz": (
+            dict(x=np.zeros((2, 2), np.float32), y=np.array([0, 2**63 + 5], np.uint64)),
+            "y holds a class index of 2**63 or more",
+        ),
     }
     for name, (arrays, message) in cases.items():
         path = str(tmp_path / name)
