@@ -58,6 +58,9 @@ class Case:
     # "{ck}" in args: a fresh checkpoint directory; setup(ck) prepares it before the launch and
     # returns what undoes it (or None)
     setup: Callable[[str], Callable[[], None] | None] | None = None
+    # rank 1 as a program of its own (mpiexec -n 1 ... : -n 1 ...), these arguments added: a rank
+    # whose input differs from rank 0's, as a file missing on one host makes it
+    rank1_args: tuple[str, ...] = ()
 
     @property
     def blame(self) -> int | None:
@@ -129,8 +132,11 @@ def run_case(case: Case, script: str, stall_timeout: float, cwd: str | None = No
     with tempfile.TemporaryDirectory() as tmp:
         ck = os.path.join(tmp, "ck")
         args = [a.replace("{ck}", ck) for a in case.args]
-        cmd, env = mpiexec_command(2, script, *TRAIN, "--stall-timeout", f"{stall_timeout:g}", *args)
+        common = (script, *TRAIN, "--stall-timeout", f"{stall_timeout:g}", *args)
+        cmd, env = mpiexec_command(1 if case.rank1_args else 2, *common)
         cmd = [cmd[0], *case.launcher, *cmd[1:]]
+        if case.rank1_args:
+            cmd += [":", "-n", "1", sys.executable, *common, *case.rank1_args]
         env = {**env, **case.env, "MPIEXEC_TIMEOUT": str(int(LAUNCH_BOUND + stall_timeout + 2 * SLACK))}
         env.pop("MPI_SGD_FAULT", None)
         if case.fault:
@@ -242,6 +248,14 @@ def _beyond_float32(ck: str):
     np.savez(f"{ck}.npz", x=x, y=np.arange(256) % 2)
 
 
+def _another_runs_checkpoints(ck: str):
+    """``ck`` holds a checkpoint of one run, ``ck``-other one of another."""
+    from .checkpoint import store
+
+    for d in (ck, f"{ck}-other"):
+        store.save(b"state", {"step": 5}, d, 5)
+
+
 CK = ("--checkpoint", "{ck}")
 CHECKPOINT_CASES = (
     Case(
@@ -284,6 +298,13 @@ CHECKPOINT_CASES = (
         setup=_only_unreadable,
     ),
     Case(
+        "resume into another run's directory",
+        r".*already holds checkpoints of another run, and --resume .* is not one of them.*",
+        status="2",
+        args=(*CK, "--resume", "{ck}-other"),
+        setup=_another_runs_checkpoints,
+    ),
+    Case(
         "disk full during a save",
         r".*no space left on the device; the checkpoint needs \d+ bytes.*",
         status="2",
@@ -301,6 +322,23 @@ CHECKPOINT_CASES = (
 )
 # Data that would reach the model as garbage: refused before any communication.
 DATA_CASES = (
+    # rank 0 passes its checks and waits in MPI's start-up; rank 1 must not leave it there
+    Case(
+        "bad argument on rank 1 alone",
+        r".*error on rank 1 \(\S+\): --lr must be positive.*",
+        "2",
+        rank1_args=("--lr", "-1"),
+    ),
+    Case(
+        "--metrics-json unwritable",
+        r".*--metrics-json '/proc/\S+' cannot be written.*",
+        "2",
+        args=("--metrics-json", "/proc/m.json"),
+    ),
+    # fp16 overflows at every scale from the second step: stopped there, not skipped for ever
+    Case(
+        "fp16 loss not finite", r"training diverged: loss (nan|inf) in step 2 .*", args=("--amp", "fp16", "--lr", "1e6")
+    ),
     Case(
         "float64 data beyond float32",
         r".*x holds values beyond float32's range .* the first at index 3",

@@ -18,7 +18,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "mpi_sgd"
 # Bottom to top. A module may import its own floor and those below.
 FLOORS = (
     # where a process sits, its launcher; results and their intervals; flags
-    ("launch", "launchers", "report", "confidence", "args", "cluster"),
+    ("launch", "launchers", "refusal", "report", "confidence", "args", "cluster"),
     ("comm",),  # the seam and its backends and wrappers
     # built on the seam, or pure
     (
