@@ -38,7 +38,7 @@ import time
 from dataclasses import MISSING, field, fields
 
 from .launch import placement
-from .refusal import end_job
+from .refusal import end_job, mpi_started
 
 ROOT_FIRST_S = 1.0  # how long the other ranks let rank 0 go first when all refuse alike
 
@@ -68,12 +68,13 @@ class ArgumentParser(argparse.ArgumentParser):
     def fail(self, message: str):
         """A value this run cannot use (rather than a malformed command line): one line, no usage.
 
-        Rank 0 writes it and ends the job (:func:`mpi_sgd.refusal.end_job`). Another rank first lets
-        rank 0 go: where every rank refuses alike, rank 0's line is the only one, and the job ends
-        before the others wake. One still running then refused alone (ranks that passed wait for it
-        in MPI's start-up), so it writes its own line, naming itself, and ends the job.
+        Before MPI starts, rank 0 writes it and ends the job (:func:`mpi_sgd.refusal.end_job`).
+        Another rank first lets rank 0 go: where every rank refuses alike, rank 0's line is the
+        only one, and the job ends before the others wake. One still running then refused alone
+        (ranks that passed wait for it in MPI's start-up), so it writes its own line, naming
+        itself, and ends the job. After MPI started, every rank refuses alike: rank 0's line only.
         """
-        where = placement()
+        where, before_mpi = placement(), not mpi_started()  # (after, every rank runs the same checks)
         if where.rank == 0:
             sys.stderr.write(f"{self.prog}: error: {message}\n")
             sys.stderr.flush()
@@ -81,9 +82,10 @@ class ArgumentParser(argparse.ArgumentParser):
             # Open MPI's launcher ends the job at the first rank to exit non-zero; one that left
             # before rank 0 had written its line would take the line with it.
             time.sleep(ROOT_FIRST_S)
-            sys.stderr.write(f"{self.prog}: error on rank {where.rank} ({socket.gethostname()}): {message}\n")
-            sys.stderr.flush()
-        if where.size > 1:
+            if before_mpi:
+                sys.stderr.write(f"{self.prog}: error on rank {where.rank} ({socket.gethostname()}): {message}\n")
+                sys.stderr.flush()
+        if where.size > 1 and before_mpi:
             end_job(2)
         sys.exit(2)
 

@@ -109,10 +109,11 @@ DRILLS = (
     "SIGKILL mid-run, then --resume auto",
     "SIGTERM mid-epoch: the step saved",
     "Ctrl-C: one line, no traceback",  # mpi_sgd.jobdrills
+    "SIGINT to rank 1 alone: named, job ended",
     "launcher and ranks SIGKILLed: /dev/shm clean",
 )
 # the whole drill: 12 saves killed; three training runs; SIGTERM to exit for the MLP at R = 2
-DRILL_BOUNDS = {DRILLS[0]: 30.0, DRILLS[1]: 240.0, DRILLS[2]: 10.0, DRILLS[3]: 10.0, DRILLS[4]: 10.0}
+DRILL_BOUNDS = {DRILLS[0]: 30.0, DRILLS[1]: 240.0, DRILLS[2]: 10.0, DRILLS[3]: 10.0, DRILLS[4]: 10.0, DRILLS[5]: 10.0}
 
 
 @dataclass
@@ -382,6 +383,9 @@ def run_drill(name: str, script: str, cwd: str | None = None) -> Outcome:
     elif name == DRILLS[3]:
         cmd, env = mpiexec_command(2, script, "--epochs", "400", "--batch-size", "8", "--no-progress")
         ok, seconds, message = jobdrills.ctrl_c(cmd, env={**env, "OMP_NUM_THREADS": "1"})
+    elif name == DRILLS[4]:
+        cmd, env = mpiexec_command(2, script, "--epochs", "400", "--batch-size", "8", "--no-progress")
+        ok, seconds, message = jobdrills.sigint_to_one_rank(cmd, env={**env, "OMP_NUM_THREADS": "1"})
     else:
         cmd, env = mpiexec_command(2, "-c", jobdrills.WAITS)
         ok, seconds, message = jobdrills.killed_outright(cmd, env={**env, "OMP_NUM_THREADS": "1"})

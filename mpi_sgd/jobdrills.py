@@ -6,6 +6,8 @@ drills (:mod:`mpi_sgd.checkpoint.drill`) do; ``mpi-sgd faults`` shows them as ro
 
 * :func:`ctrl_c`: SIGINT to the launcher once the job trains. Hydra passes it on to every rank:
   one line from rank 0, status 130, no traceback. Open MPI's launcher ends the ranks itself.
+* :func:`sigint_to_one_rank`: SIGINT to rank 1 alone (``kill -INT``), not the job's Ctrl-C: rank 1
+  names itself in one line and ends the job, status 130; the others do not blame themselves.
 * :func:`killed_outright`: SIGKILL to the launcher and every rank at once, so that no MPI code
   runs to clean up: nothing of the job may stay in /dev/shm, nor Open MPI's launcher session in
   the temporary directory, once the next job's clean has run (:mod:`mpi_sgd.cluster.residue`).
@@ -14,6 +16,7 @@ drills (:mod:`mpi_sgd.checkpoint.drill`) do; ``mpi-sgd faults`` shows them as ro
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -61,6 +64,33 @@ def ctrl_c(command: list[str], env: dict | None = None, timeout: float = 60) -> 
     if job.returncode not in statuses or len(ours) != 1:
         return False, took, f"exit {job.returncode}, {len(ours)} line(s) of its own: {ours[:2]}"
     return True, took, f"exit {job.returncode}: {ours[0]}"
+
+
+def sigint_to_one_rank(command: list[str], env: dict | None = None, timeout: float = 60) -> tuple[bool, float, str]:
+    env = {**os.environ, **(env or {})}
+    job = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    pid = None
+    for line in job.stdout:  # the start line names each rank's pid; then an epoch: the job trains
+        pid = pid or next(iter(re.findall(r"rank 1 = pid (\d+)", line)), None)
+        if line.startswith("epoch"):
+            break
+    if pid is None:
+        job.kill()
+        job.communicate()
+        return False, 0.0, "no start line naming rank 1's pid"
+    start = time.perf_counter()
+    os.kill(int(pid), signal.SIGINT)
+    try:
+        _, err = job.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        job.kill()
+        job.communicate()
+        return False, timeout, "the job did not end after SIGINT to rank 1"
+    took = time.perf_counter() - start
+    ours = [line for line in err.splitlines() if line.startswith("mpi_sgd:") or "Traceback" in line]
+    if len(ours) != 1 or "rank 1 of 2" not in ours[0] or "interrupted alone" not in ours[0]:
+        return False, took, f"exit {job.returncode}, {len(ours)} line(s) of its own: {ours[:2]}"
+    return job.returncode != 0, took, f"exit {job.returncode}: {ours[0]}"
 
 
 def killed_outright(command: list[str], env: dict | None = None, timeout: float = 60) -> tuple[bool, float, str]:

@@ -162,7 +162,7 @@ def install_abort_hook(comm) -> None:
         threading.current_thread() is threading.main_thread()
         and signal.getsignal(signal.SIGINT) is signal.default_int_handler
     ):
-        signal.signal(signal.SIGINT, lambda *_: interrupted(comm.rank))
+        signal.signal(signal.SIGINT, lambda *_: interrupted(comm.rank, comm.size, comm.abort))
 
 
 PEER_LOST_GRACE_S = 2.0
@@ -176,12 +176,19 @@ def peer_lost(text: str) -> str | None:
     return found.group(0).strip() if found else None
 
 
-def interrupted(rank: int) -> None:
-    """Ctrl-C: the launcher passes SIGINT to every rank at once, and each would print its own
-    KeyboardInterrupt traceback, then abort the job over the others'. One line (rank 0's), and
-    every rank leaves at once with status 130, as a shell reports an interrupted command."""
+def interrupted(rank: int, size: int = 1, abort=None) -> None:
+    """Ctrl-C: the launcher passes SIGINT to every rank, each of which would print a traceback and
+    abort over the others: instead one line (rank 0's), and every rank leaves with status 130.
+    SIGINT to one rank alone (``kill -INT``): that rank waits a moment, in which a job-wide one
+    ends it (rank 0 exits); still here, it names itself and ends the job, lest the others blame
+    themselves in their next collective."""
     if rank == 0:
         sys.stderr.write("mpi_sgd: interrupted (Ctrl-C); nothing is saved (SIGTERM or SIGUSR1 save the step first)\n")
+    elif size > 1 and abort is not None:
+        time.sleep(PEER_LOST_GRACE_S)
+        sys.stderr.write(f"mpi_sgd: rank {rank} of {size} on {socket.gethostname()} interrupted alone: job ended\n")
+        sys.stderr.flush()
+        abort(128 + signal.SIGINT)
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()

@@ -17,15 +17,24 @@ launcher already ends a job at the first rank to exit non-zero; Slurm's ``srun``
 from __future__ import annotations
 
 import os
+import sys
 
 _PMI_INIT = b"cmd=init pmi_version=1 pmi_subversion=1\n"
 
 
+def mpi_started() -> bool:
+    """Whether this process has started MPI: a refusal then comes from code every rank runs alike
+    (a script's own checks after ``init``), and MPI owns the launcher's socket."""
+    mpi = sys.modules.get("mpi4py.MPI")
+    return mpi is not None and mpi.Is_initialized()
+
+
 def end_job(status: int) -> bool:
     """Ask the launcher to end every rank of this job with ``status``; False where it offers no way
-    to (not under Hydra). Returns once asked; the launcher then kills this process too."""
+    to (not under Hydra), or MPI has started here. Returns once asked; the launcher then kills
+    this process too."""
     fd = os.environ.get("PMI_FD", "")
-    if not fd.isdigit():
+    if not fd.isdigit() or mpi_started():
         return False
     try:
         os.write(int(fd), _PMI_INIT)

@@ -87,3 +87,11 @@ def test_ctrl_c_ends_the_job_in_one_line_without_tracebacks():
     cmd, env = mpiexec_command(2, SCRIPT, "--epochs", "400", "--batch-size", "8", "--no-progress")
     ok, seconds, message = jobdrills.ctrl_c(cmd, env={**env, **ENV})
     assert ok and seconds < 10, (seconds, message)
+
+
+def test_sigint_to_one_rank_alone_names_it_and_ends_the_job():
+    # kill -INT to rank 1 only: not the job's Ctrl-C. Rank 1 names itself and ends the job; rank 0
+    # must not report a failure of its own (its collective losing a peer) with a traceback.
+    cmd, env = mpiexec_command(2, SCRIPT, "--epochs", "400", "--batch-size", "8", "--no-progress")
+    ok, seconds, message = jobdrills.sigint_to_one_rank(cmd, env={**env, **ENV})
+    assert ok and seconds < 10, (seconds, message)
