@@ -17,6 +17,7 @@ launcher already ends a job at the first rank to exit non-zero; Slurm's ``srun``
 from __future__ import annotations
 
 import os
+import select
 import sys
 
 _PMI_INIT = b"cmd=init pmi_version=1 pmi_subversion=1\n"
@@ -38,6 +39,10 @@ def end_job(status: int) -> bool:
         return False
     try:
         os.write(int(fd), _PMI_INIT)
+        # a bounded wait: another PMI server on this variable (Slurm's PMI-2 speaks another wire
+        # format) may not answer a PMI-1 line at all, and a refusing rank must not hang instead
+        if not select.select([int(fd)], [], [], 2.0)[0]:
+            return False
         if not os.read(int(fd), 1024).startswith(b"cmd=response_to_init"):
             return False
         os.write(int(fd), f"cmd=abort exitcode={status}\n".encode())

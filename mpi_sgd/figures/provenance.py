@@ -108,7 +108,11 @@ class Provenance:
 
     @classmethod
     def from_record(cls, record: dict) -> Provenance:
-        return cls(**{k: v for k, v in record.items() if k in cls.__dataclass_fields__ and not k.startswith("_")})
+        kept = {k: v for k, v in record.items() if k in cls.__dataclass_fields__ and not k.startswith("_")}
+        for k in ("load_before", "load_after"):  # a load not measured: NaN, written as null (report.write_json)
+            if k in kept and kept[k] is None:
+                kept[k] = float("nan")
+        return cls(**kept)
 
 
 def save(fig, path: str | os.PathLike, provenance: Provenance) -> Path:
