@@ -40,7 +40,10 @@ from dataclasses import MISSING, field, fields
 from .launch import placement
 from .refusal import end_job, mpi_started
 
-ROOT_FIRST_S = 1.0  # how long the other ranks let rank 0 go first when all refuse alike
+# How long the other ranks let rank 0 go first when all refuse alike. Ranks reach their checks
+# seconds apart on a loaded machine (importing torch alone takes a second or more), and a rank
+# that speaks before rank 0 makes a second line; its only cost is to a rank refusing alone.
+ROOT_FIRST_S = 3.0
 
 
 class UsageError(ValueError):

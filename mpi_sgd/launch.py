@@ -120,6 +120,10 @@ class JobError(RuntimeError):
     """A failure whose message says all there is to say: reported without a traceback."""
 
 
+class PeerGone(JobError):
+    """This rank found another one dead: it witnessed the failure and did not cause it."""
+
+
 def install_abort_hook(comm) -> None:
     """Make an uncaught exception on any rank end the whole job, naming the rank.
 
@@ -129,7 +133,7 @@ def install_abort_hook(comm) -> None:
     """
 
     def hook(kind, value, tb):
-        lost = peer_lost(str(value))
+        lost = peer_lost(str(value)) or (str(value) if isinstance(value, PeerGone) else None)
         if issubclass(kind, JobError):
             text = f"{value}\n"
         else:
@@ -142,19 +146,20 @@ def install_abort_hook(comm) -> None:
         # hook returns, and this hook ends the process first: the message would be lost.
         err = sys.__stderr__ or sys.stderr
         where = f"rank {comm.rank} of {comm.size} on {socket.gethostname()}"
-        if lost:  # this rank is the witness, not the cause: say so, and let the launcher name the dead one
+        if lost:
+            # A witness, not the cause: the dead rank's line and the launcher's end of the job come
+            # first. Still here, this launcher leaves jobs running (hydra -disable-auto-cleanup).
+            time.sleep(PEER_LOST_GRACE_S)
             err.write(
-                f"mpi_sgd: {where} lost its connection to another rank ({lost}); that rank has most "
-                "likely died (the launcher names it); aborting the job.\n"
+                f"mpi_sgd: {where} lost another rank ({lost}); that rank has most likely died "
+                "(the launcher names it); aborting the job.\n"
             )
         else:
             err.write(f"mpi_sgd: {where} failed; aborting the job.\n{text}")
         err.flush()
-        # The launcher forwards our stderr through a pipe; MPI_Abort tears that down at once,
-        # and under load the message could be lost before it is forwarded. A moment's grace
-        # costs nothing next to a job that is ending anyway. A witness waits longer, so that the
-        # launcher notices the dead rank before this one's abort.
-        time.sleep(PEER_LOST_GRACE_S if lost else 0.5)
+        # The launcher forwards stderr through a pipe that MPI_Abort tears down at once: a moment
+        # for the message to get through under load costs nothing next to a job ending anyway.
+        time.sleep(0.5)
         comm.abort(1)
 
     sys.excepthook = hook

@@ -41,7 +41,7 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from ...launch import usable_cores
+from ...launch import PeerGone, usable_cores
 from .settings import timeout_setting
 from .window import free_window, shared_window
 
@@ -62,6 +62,10 @@ class StalledRankError(RuntimeError):
     def __init__(self, message: str, ranks: list[int]):
         super().__init__(message)
         self.ranks = ranks
+
+
+class RankExitedError(StalledRankError, PeerGone):
+    """Ranks this one waited for have exited: the witness of their failure, not its cause."""
 
 
 def _pid_namespace() -> str | None:
@@ -191,7 +195,7 @@ class NodeSync:
         gone = [r for r in ranks if r in self.pids and _dead(self.pids[r])]
         if gone:
             names = ", ".join(f"{r} (pid {self.pids[r]})" for r in gone)
-            raise StalledRankError(f"{self.name}: rank(s) {names} exited while this rank waited for them {what}", gone)
+            raise RankExitedError(f"{self.name}: rank(s) {names} exited while this rank waited for them {what}", gone)
 
     def close(self) -> None:
         self.flags.clear()
