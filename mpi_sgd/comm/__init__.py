@@ -125,6 +125,22 @@ def check_environment(world_size: int, environ=None) -> None:
             )
 
 
+def check_fault_step(last_step: int, environ=None) -> None:
+    """Raise ValueError, in one line, where ``MPI_SGD_FAULT`` names a step after ``last_step``, the
+    last of a run that starts at step 1: the fault would never fire, and a drill that meant to
+    show a failure would report a clean run."""
+    environ = os.environ if environ is None else environ
+    if environ.get("MPI_SGD_FAULT"):
+        from .wrappers.faults import Fault
+
+        fault = Fault.parse(environ["MPI_SGD_FAULT"])
+        if fault.step > last_step:
+            raise ValueError(
+                f"MPI_SGD_FAULT={fault} is at step {fault.step}, but this run ends at step {last_step}: "
+                "the fault would never happen"
+            )
+
+
 def _for_gpus(comm: Communicator) -> Communicator:
     """GPU tensors through MPI: as they are if the library is CUDA-aware, else staged via the host."""
     import torch

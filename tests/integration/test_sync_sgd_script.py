@@ -7,6 +7,7 @@ puts a timeout on every launch, so a hang fails the test instead of stalling the
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -95,3 +96,13 @@ def test_bad_input_one_message_exit_2_every_rank(tmp_path):
         assert len(lines) == 1 and message in lines[0], (case, out.stderr)  # one line, from the root only
         assert "Traceback" not in out.stderr and "weights_only" not in out.stderr, case
         assert "epoch" not in out.stdout, case
+
+
+def test_a_fault_the_run_never_reaches_is_one_line_exit_2():
+    # step 100000 would never come, and a drill would report a clean run as a failure survived
+    env = {**ENV, "MPI_SGD_FAULT": "1:100000:kill"}
+    out = run_mpi(2, SCRIPT, "--epochs", "2", "--batch-size", "10", env=env, check=False)
+    assert out.returncode == 2, (out.returncode, out.stderr[-2000:])
+    lines = own_lines(out.stderr)
+    assert len(lines) == 1 and re.search(r"step 100000, but this run ends at step \d+:", lines[0]), out.stderr
+    assert "epoch" not in out.stdout

@@ -306,3 +306,12 @@ def test_bad_environment_is_one_line_before_mpi(monkeypatch, env, message):
     with pytest.raises(ValueError) as e:
         TrainConfig().check_machine(2)
     assert message in one_line(e)
+
+
+def test_a_fault_after_the_runs_last_step_is_refused():
+    from mpi_sgd.comm import check_fault_step
+
+    check_fault_step(20, {"MPI_SGD_FAULT": "1:20:kill"})  # the last step: it fires
+    check_fault_step(20, {})
+    with pytest.raises(ValueError, match=r"MPI_SGD_FAULT=1:21:kill is at step 21, but this run ends at step 20"):
+        check_fault_step(20, {"MPI_SGD_FAULT": "1:21:kill"})
