@@ -45,7 +45,7 @@ try:
     train, val = data.prepare(cfg.dataset, cfg.seed, cfg.val_fraction)  # val: held out, same on every rank
     steps_per_epoch = data.check_size(len(train), world.size, cfg.batch_size)
     if not cfg.resume:  # (a resumed run's steps go on from the checkpoint's, at its world size)
-        mpicomm.check_fault_step(cfg.epochs * steps_per_epoch)
+        mpicomm.check_fault_step(min(cfg.epochs * steps_per_epoch, cfg.max_steps or float("inf")))
     dtype, device = getattr(torch, cfg.dtype), local_device(cfg.device, world.local_rank, world.local_size)
     # a CPU replica only to try the data's shape on; Trainer.from_config builds the real one
     check_input(build_model(cfg.model, tuple(train.x.shape[1:]), train.num_outputs), train.x[:2], cfg.model)
